@@ -1,0 +1,61 @@
+# llmkit — two commands: `make lab` and `make test`. Every target sets up .venv first.
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+PORT ?= 8080
+
+help:
+	@echo "make lab     set everything up, then open the course notebooks in JupyterLab"
+	@echo "make test    set everything up, then run every test (unit, servers, browser, notebooks)"
+	@echo "make bench   side-by-side benchmark of the servers (writes bench-results/)"
+	@echo "make serve-sequential | serve-slots   run a server on port $(PORT)"
+	@echo "make book    build the static site from the notebooks"
+
+# First run compiles llama.cpp (about 5 minutes on 2 cores); pip caches the wheel afterwards.
+$(INSTALLED): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --upgrade pip
+	@echo "Installing llmkit and its dependencies (first time: llama.cpp is compiled, ~5 min; full log: $(VENV)/install.log)"
+	@$(PY) -m pip install -v -e '.[dev]' 2>&1 | $(PY) scripts/install_progress.py $(VENV)/install.log \
+		|| { echo "pip install failed; last lines of $(VENV)/install.log:"; tail -40 $(VENV)/install.log; exit 1; }
+	@touch $@
+
+install: $(INSTALLED)
+
+# The browser test drives Debian's Chromium through chromedriver.
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "Installing Debian's chromium and chromium-driver for the browser test"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	else \
+		echo "The browser test needs Chromium. Run once:  sudo apt-get install -y chromium chromium-driver"; \
+	fi
+
+test: $(INSTALLED) browser
+	$(PY) -m pytest tests notebooks/en notebooks/ja --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider $(PYTEST_ARGS)
+
+lab: $(INSTALLED)
+	$(VENV)/bin/jupyter lab notebooks/
+
+bench: $(INSTALLED)
+	$(VENV)/bin/llmkit bench
+
+serve-sequential: $(INSTALLED)
+	$(VENV)/bin/llmkit serve sequential --port $(PORT)
+
+serve-slots: $(INSTALLED)
+	$(VENV)/bin/llmkit serve slots --port $(PORT)
+
+book: $(INSTALLED)
+	$(VENV)/bin/jupyter-book build book
+
+clean:
+	rm -rf $(VENV) build *.egg-info bench-results book/_build
+
+.PHONY: help install browser test lab bench serve-sequential serve-slots book clean
