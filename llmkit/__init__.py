@@ -1,0 +1,13 @@
+"""llmkit: a course kit that builds a production-shaped LLM server beside a simple one.
+
+Map of the package (each module one role, named after llama-server's files):
+
+    models      where a model comes from: the embedded default, a path, the catalog + download
+    llama       thin typed layer over llama-cpp-python's low-level API
+    text        incremental UTF-8 detokenizer and stop-string matcher
+    sequential/ the tutorial's translation server (one request at a time)
+    launch      start/stop servers in the background (notebooks, tests, bench)
+    cli         `llmkit serve | translate | bench`
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,5 @@
+import sys
+
+from llmkit.cli import main
+
+sys.exit(main())

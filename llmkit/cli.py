@@ -1,0 +1,100 @@
+"""``llmkit`` command line: serve | translate | bench.
+
+    llmkit serve sequential [--model PATH] [--host 127.0.0.1] [--port 8080]
+    llmkit serve slots      [-m PATH] [-c 8192] [-np 4] ...   (flags named like llama-server's)
+    llmkit translate "Hello" --to ja [--url http://127.0.0.1:8080]
+    llmkit bench [--url NAME=URL ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from llmkit import models
+
+LOG_FORMAT = "%(asctime)s %(levelname).1s %(name)s: %(message)s"
+
+
+def add_common_server_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", help="GGUF file (default: $LLMKIT_MODEL, else the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmkit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run a server").add_subparsers(dest="kind", required=True)
+    seq = serve.add_parser("sequential", help="the tutorial's translation server: one request at a time")
+    add_common_server_flags(seq)
+    seq.add_argument("-c", "--ctx-size", type=int, default=2048, help="context size in tokens (default 2048)")
+    seq.add_argument("--temp", type=float, default=0.3, help="sampling temperature (default 0.3, 0 = greedy)")
+    seq.add_argument("-n", "--n-predict", type=int, default=-1, help="max tokens per translation (-1: no limit)")
+
+    tr = sub.add_parser("translate", help="stream a translation from a running sequential server")
+    tr.add_argument("text")
+    tr.add_argument("--to", default="ja", help="target language (default ja)")
+    tr.add_argument("--url", default="http://127.0.0.1:8080")
+    return parser
+
+
+def serve_sequential(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from llmkit.sequential.app import create_app
+    from llmkit.sequential.translator import Translator
+
+    path = models.resolve_model(args.model)
+    translator = Translator(
+        path, n_ctx=args.ctx_size, temperature=args.temp, seed=args.seed, max_tokens=args.n_predict, n_threads=args.threads
+    )
+    logging.getLogger("llmkit").info("model %s loaded (%s)", path.name, translator.model.desc())
+    # uvicorn handles SIGINT/SIGTERM: it stops accepting, waits for running streams, then exits.
+    uvicorn.run(create_app(translator), host=args.host, port=args.port, log_config=None)
+
+
+def translate(args: argparse.Namespace) -> int:
+    import httpx
+    from httpx_sse import connect_sse
+
+    body = {"text": args.text, "target_lang": args.to}
+    with httpx.Client(timeout=httpx.Timeout(10, read=60)) as client:
+        with connect_sse(client, "POST", f"{args.url}/translate/stream", json=body) as source:
+            if source.response.status_code != 200:
+                source.response.read()
+                print(f"error: {source.response.json().get('error', source.response.text)}", file=sys.stderr)
+                return 1
+            for event in source.iter_sse():
+                if event.data == "[DONE]":
+                    break
+                data = json.loads(event.data)
+                if isinstance(data, dict):
+                    print(f"\nerror: {data.get('error')}", file=sys.stderr)
+                    return 1
+                print(data, end="", flush=True)
+    print()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    try:
+        if args.command == "serve" and args.kind == "sequential":
+            serve_sequential(args)
+        elif args.command == "translate":
+            return translate(args)
+    except models.ModelFileError as exc:
+        print(f"llmkit: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

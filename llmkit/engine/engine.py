@@ -1,0 +1,316 @@
+"""The slot engine: one thread, one ``llama_decode`` per step, many requests at once.
+
+    engine = Engine()                                  # default model, 4 slots
+    a = engine.chat([{"role": "user", "content": "Hi"}], max_tokens=32)
+    b = engine.complete("The capital of France is", max_tokens=8, temperature=0)
+    for piece in a: print(piece.text, end="")          # or: async for piece in a
+    b.result(), b.timings, engine.counters
+
+The loop (``_run``) mirrors llama-server's ``update_slots`` in
+server-context.cpp: admit waiting requests into idle slots, build ONE batch
+from every busy slot (``scheduler.build_batch``), decode it, then sample
+each slot that asked for logits and hand its token to its request
+(``_process_token`` ~ llama-server's ``process_token``). Requests join and
+leave between steps: that is continuous batching.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, fields
+from os import PathLike
+
+import numpy as np
+
+from llmkit import models
+from llmkit.engine.request import (
+    ContextSizeError,
+    EngineError,
+    Piece,
+    Request,
+    Status,
+    TokenLogprob,
+)
+from llmkit.engine.scheduler import build_batch, choose_slot
+from llmkit.engine.slot import Slot
+from llmkit.llama import Batch, Context, DecodeError, Model, SamplingParams
+
+log = logging.getLogger("llmkit.engine")
+
+
+@dataclass
+class Counters:
+    """Engine-wide totals since start (what ``/metrics`` exposes, llama-server's names)."""
+
+    prompt_tokens_total: int = 0  # prompt tokens evaluated (cache hits not included)
+    prompt_seconds_total: float = 0.0
+    prompt_tokens_cached_total: int = 0
+    tokens_predicted_total: int = 0
+    tokens_predicted_seconds_total: float = 0.0
+    n_decode_total: int = 0
+    n_busy_slots_total: int = 0  # summed over decodes: / n_decode_total = busy slots per decode
+    n_tokens_decoded_total: int = 0  # batch sizes summed over decodes
+    decode_seconds_total: float = 0.0  # time inside llama_decode
+    step_seconds_total: float = 0.0  # whole steps: decode + Python bookkeeping
+    requests_finished_total: int = 0
+    requests_failed_total: int = 0
+
+    def snapshot(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class Engine:
+    """Continuous batching over ``n_parallel`` slots of one llama_context.
+
+    ``n_ctx`` is the TOTAL context, as llama-server's ``-c``: each slot gets
+    ``n_ctx // n_parallel`` tokens, in its own KV stream (``kv_unified=False``),
+    which keeps a request's greedy output the same whether or not it shares
+    the batch (measured: see the concurrency chapter).
+    """
+
+    def __init__(
+        self,
+        model: Model | str | PathLike[str] | None = None,
+        *,
+        n_parallel: int = 4,
+        n_ctx: int = 8192,
+        n_batch: int = 2048,
+        n_threads: int | None = None,
+        kv_unified: bool = False,
+    ):
+        self._owns_model = not isinstance(model, Model)
+        self.model = Model(models.resolve_model(model)) if self._owns_model else model
+        try:
+            self.ctx = Context(
+                self.model, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_parallel,
+                n_threads=n_threads, kv_unified=kv_unified,
+            )
+        except BaseException:
+            self._close_model()
+            raise
+        self.n_ctx_slot = self.ctx.n_ctx_seq
+        self.slots = [Slot(i, self.n_ctx_slot) for i in range(n_parallel)]
+        self.batch = Batch(self.ctx.n_batch)
+        self.waiting: deque[Request] = deque()
+        self.counters = Counters()
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="llmkit-engine", daemon=True)
+        self._thread.start()
+
+    # --- submitting ----------------------------------------------------------
+
+    def submit(
+        self,
+        prompt: list[int],
+        params: SamplingParams | None = None,
+        *,
+        cache_prompt: bool = True,
+        id_slot: int | None = None,
+        n_probs: int = 0,
+    ) -> Request:
+        """Queue a tokenized prompt; returns at once with a ``Request`` to iterate."""
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if len(prompt) >= self.n_ctx_slot:
+            raise ContextSizeError(len(prompt), self.n_ctx_slot)
+        if id_slot is not None and not 0 <= id_slot < len(self.slots):
+            raise ValueError(f"id_slot must be between 0 and {len(self.slots) - 1}")
+        request = Request(prompt, params, cache_prompt=cache_prompt, id_slot=id_slot, n_probs=n_probs)
+        request.on_cancel = self._wake
+        with self._cond:
+            if self._closing:
+                raise RuntimeError("the engine is closed")
+            self.waiting.append(request)
+            self._cond.notify()
+        return request
+
+    def complete(self, text: str, *, cache_prompt: bool = True, id_slot: int | None = None, **params) -> Request:
+        """Plain-text completion. ``params`` are ``SamplingParams`` fields (max_tokens, temperature, ...)."""
+        return self.submit(self.model.tokenize(text), SamplingParams(**params), cache_prompt=cache_prompt, id_slot=id_slot)
+
+    def chat(self, messages: list[dict], *, cache_prompt: bool = True, id_slot: int | None = None, **params) -> Request:
+        """Chat completion: ``messages`` rendered with the model's own chat template."""
+        return self.submit(self.model.tokenize_chat(messages), SamplingParams(**params), cache_prompt=cache_prompt, id_slot=id_slot)
+
+    # --- state for /slots and /metrics ---------------------------------------
+
+    @property
+    def n_busy(self) -> int:
+        return sum(not s.is_idle for s in self.slots)
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self.waiting)
+
+    # --- the loop ----------------------------------------------------------------
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def _has_work(self) -> bool:
+        return self._closing or self.n_busy > 0 or bool(self.waiting)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(self._has_work)
+                if self._closing:
+                    return
+                self._admit_waiting()
+            try:
+                self.step()
+            except Exception:  # a bug here must not kill the thread silently
+                log.exception("engine step failed")
+                self._fail_busy(EngineError("internal engine error (see the server log)"))
+
+    def _admit_waiting(self) -> None:
+        """Move queued requests into idle slots, first come first served (launch_slot_with_task)."""
+        for request in list(self.waiting):
+            if request.cancelled:
+                self.waiting.remove(request)
+                request.finish("cancelled")
+                continue
+            slot = choose_slot(self.slots, request)
+            if slot is None:
+                continue
+            self.waiting.remove(request)
+            try:
+                slot.start(request, self.ctx, self.model)
+            except Exception as exc:  # a bad sampler (say, a grammar) fails this request alone
+                slot.release(self.ctx)
+                self._fail(request, exc)
+
+    def step(self) -> None:
+        """One iteration: drop cancelled requests, build one batch, decode it, sample each slot."""
+        t0 = time.perf_counter()
+        for slot in self.slots:
+            if slot.request is not None and slot.request.cancelled:
+                self._finish(slot, "cancelled")
+        in_batch = build_batch(self.slots, self.batch)
+        if not in_batch:
+            return
+        t_decode = time.perf_counter()
+        try:
+            self.ctx.decode(self.batch)
+        except DecodeError as exc:
+            for slot in in_batch:
+                self._finish(slot, None, EngineError(str(exc)), keep_cache=False)
+            return
+        t1 = time.perf_counter()
+        for slot in in_batch:
+            if slot.i_batch >= 0:
+                self._process_token(slot)
+        c = self.counters
+        c.n_decode_total += 1
+        c.n_busy_slots_total += len(in_batch)
+        c.n_tokens_decoded_total += self.batch.n_tokens
+        c.decode_seconds_total += t1 - t_decode
+        c.step_seconds_total += time.perf_counter() - t0
+
+    def _process_token(self, slot: Slot) -> None:
+        """Sample one token for ``slot`` and deliver it (llama-server: process_token)."""
+        request, params = slot.request, slot.request.params
+        try:
+            token = slot.sampler.sample(self.ctx, slot.i_batch)
+            logprobs = self._logprobs(slot.i_batch, token, request.n_probs) if request.n_probs else None
+        except Exception as exc:
+            self._finish(slot, None, EngineError(f"sampling failed: {exc}"))
+            return
+        if request.status is Status.PROMPT:  # first token: the prompt phase ends here
+            request.status = Status.GENERATING
+            request.t_first = time.perf_counter()
+            request.timings.prompt_ms = (request.t_first - request.t_start) * 1e3
+        if self.model.is_eog(token):
+            self._finish(slot, "stop")
+            return
+        request.output.append(token)
+        slot.last_token = token
+        slot.pending_tokens.append(token)
+        if logprobs is not None:
+            slot.pending_logprobs.append(logprobs)
+        self._deliver(slot, slot.stops.push(slot.detok.push(token)))
+        if slot.stops.stopped:
+            self._finish(slot, "stop")
+        elif len(request.output) == params.max_tokens or slot.n_past >= slot.n_ctx:
+            self._finish(slot, "length")
+
+    def _deliver(self, slot: Slot, text: str) -> None:
+        """Send text with the tokens (and logprobs) it came from; held-back tokens wait for their text."""
+        if text:
+            slot.request.emit(Piece(text, slot.pending_tokens, slot.pending_logprobs))
+            slot.pending_tokens, slot.pending_logprobs = [], []
+
+    def _finish(self, slot: Slot, reason: str | None, error: BaseException | None = None, *, keep_cache: bool = True) -> None:
+        """End the slot's request: flush held-back text, record timings, free the slot."""
+        request = slot.request
+        if error is None and reason != "cancelled" and not slot.stops.stopped:
+            self._deliver(slot, slot.stops.push(slot.detok.flush()) + slot.stops.flush())
+        now = time.perf_counter()
+        t = request.timings
+        t.predicted_n = len(request.output)
+        t.predicted_ms = (now - request.t_first) * 1e3 if request.t_first else 0.0
+        if not request.t_first:
+            t.prompt_ms = (now - request.t_start) * 1e3
+        c = self.counters
+        c.prompt_tokens_total += t.prompt_n
+        c.prompt_seconds_total += t.prompt_ms / 1e3
+        c.prompt_tokens_cached_total += t.cache_n
+        c.tokens_predicted_total += t.predicted_n
+        c.tokens_predicted_seconds_total += t.predicted_ms / 1e3
+        slot.release(self.ctx, keep_cache=keep_cache and error is None)
+        if error is not None:
+            self._fail(request, error)
+        else:
+            c.requests_finished_total += 1
+            request.finish(reason)
+
+    def _fail(self, request: Request, error: BaseException) -> None:
+        log.warning("request %d failed: %s", request.id, error)
+        self.counters.requests_failed_total += 1
+        request.finish(None, error)
+
+    def _fail_busy(self, error: BaseException) -> None:
+        for slot in self.slots:
+            if slot.request is not None:
+                self._finish(slot, None, error, keep_cache=False)
+
+    def _logprobs(self, i: int, token: int, n_probs: int) -> TokenLogprob:
+        logits = np.ctypeslib.as_array(self.ctx.logits(i))
+        shifted = logits - logits.max()
+        logp = shifted - np.log(np.exp(shifted).sum())
+        top = np.argpartition(-logp, n_probs)[:n_probs]
+        top = top[np.argsort(-logp[top])]
+        return TokenLogprob(token, float(logp[token]), [(int(t), float(logp[t])) for t in top])
+
+    # --- shutdown --------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the loop, end every request still in flight, free llama.cpp's memory."""
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+            self._cond.notify()
+        self._thread.join()
+        stopped = EngineError("the engine was stopped")
+        self._fail_busy(stopped)
+        while self.waiting:
+            self._fail(self.waiting.popleft(), stopped)
+        self.batch.close()
+        self.ctx.close()
+        self._close_model()
+
+    def _close_model(self) -> None:
+        if self._owns_model:
+            self.model.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

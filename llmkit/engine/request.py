@@ -1,0 +1,224 @@
+"""One request's state, from submission to its last token (~ llama-server's server_task + result reader).
+
+The engine thread is the only writer: it fills in the prompt progress,
+timings and pieces, and ``emit``s events. The consumer (a thread, an
+asyncio task, an HTTP handler) only reads them, by iterating the request:
+
+    for piece in request:          # or: async for piece in request
+        print(piece.text, end="")
+    request.finish_reason, request.timings
+
+Leaving the loop early (``break``, an exception, a closed connection)
+cancels the request; the engine frees its slot at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable, Iterator
+
+from llmkit.llama import SamplingParams
+
+_ids = itertools.count(1)
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # in the queue: every slot is busy
+    PROMPT = "prompt"  # in a slot, its prompt being evaluated
+    GENERATING = "generating"
+    DONE = "done"
+
+
+class EngineError(RuntimeError):
+    """A request failed inside the engine (only that request)."""
+
+
+class ContextSizeError(ValueError):
+    """The prompt does not fit a slot's context (llama-server: exceed_context_size_error)."""
+
+    def __init__(self, n_prompt_tokens: int, n_ctx: int):
+        super().__init__(
+            f"request ({n_prompt_tokens} tokens) exceeds the available context size ({n_ctx} tokens)"
+        )
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
+
+
+@dataclass
+class Timings:
+    """llama-server's per-request ``timings`` object."""
+
+    cache_n: int = 0  # prompt tokens reused from the slot's KV cache
+    prompt_n: int = 0  # prompt tokens evaluated
+    prompt_ms: float = 0.0
+    predicted_n: int = 0
+    predicted_ms: float = 0.0
+
+    def to_dict(self) -> dict:
+        def per(n: int, ms: float) -> tuple[float, float]:
+            return (ms / n if n else 0.0, 1e3 * n / ms if ms > 0 else 0.0)
+
+        prompt_per_token_ms, prompt_per_second = per(self.prompt_n, self.prompt_ms)
+        predicted_per_token_ms, predicted_per_second = per(self.predicted_n, self.predicted_ms)
+        return {
+            "cache_n": self.cache_n,
+            "prompt_n": self.prompt_n,
+            "prompt_ms": self.prompt_ms,
+            "prompt_per_token_ms": prompt_per_token_ms,
+            "prompt_per_second": prompt_per_second,
+            "predicted_n": self.predicted_n,
+            "predicted_ms": self.predicted_ms,
+            "predicted_per_token_ms": predicted_per_token_ms,
+            "predicted_per_second": predicted_per_second,
+        }
+
+
+@dataclass
+class TokenLogprob:
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)  # (token, logprob), best first
+
+
+@dataclass
+class Piece:
+    """A run of text ready to send: whole UTF-8 characters, no part of a stop string."""
+
+    text: str
+    tokens: list[int]
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+_END = object()
+
+
+class Request:
+    def __init__(
+        self,
+        prompt: list[int],
+        params: SamplingParams | None = None,
+        *,
+        cache_prompt: bool = True,
+        id_slot: int | None = None,
+        n_probs: int = 0,
+    ):
+        self.id = next(_ids)
+        self.prompt = prompt
+        self.params = params or SamplingParams()
+        self.cache_prompt = cache_prompt
+        self.id_slot = id_slot
+        self.n_probs = n_probs  # > 0: report logprobs with this many alternatives
+
+        self.status = Status.WAITING
+        self.slot_id: int | None = None
+        self.output: list[int] = []
+        self.text_parts: list[str] = []
+        self.finish_reason: str | None = None  # "stop" | "length" | "cancelled"
+        self.error: BaseException | None = None
+        self.timings = Timings()
+        self.t_submit = time.perf_counter()
+        self.t_start = self.t_first = 0.0
+
+        self._cancelled = threading.Event()
+        self.on_cancel: Callable[[], None] | None = None  # set by the engine: wakes its loop
+        self._events: deque = deque()
+        self._cond = threading.Condition()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+
+    # --- engine side -------------------------------------------------------
+
+    def emit(self, piece: Piece) -> None:
+        self.text_parts.append(piece.text)
+        self._push(piece)
+
+    def finish(self, reason: str | None, error: BaseException | None = None) -> None:
+        self.finish_reason, self.error = reason, error
+        self.status = Status.DONE
+        self._push(_END)
+
+    def _push(self, item: object) -> None:
+        with self._cond:
+            self._events.append(item)
+            self._cond.notify_all()
+            loop, wake = self._loop, self._wake
+        if loop is not None:
+            loop.call_soon_threadsafe(wake.set)
+
+    # --- consumer side -----------------------------------------------------
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    @property
+    def done(self) -> bool:
+        return self.status is Status.DONE
+
+    def cancel(self) -> None:
+        """Ask the engine to drop this request; harmless once it is done."""
+        if not self.done:
+            self._cancelled.set()
+            if self.on_cancel is not None:
+                self.on_cancel()
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+    def _take(self) -> object:
+        item = self._events.popleft()
+        if item is _END:
+            self._events.appendleft(_END)  # stay ended for any later reader
+        return item
+
+    def __iter__(self) -> Iterator[Piece]:
+        try:
+            while True:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._events)
+                    item = self._take()
+                if item is _END:
+                    break
+                yield item
+        finally:
+            self.cancel()
+        if self.error is not None:
+            raise self.error
+
+    async def __aiter__(self) -> AsyncIterator[Piece]:
+        with self._cond:
+            self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        try:
+            while True:
+                with self._cond:
+                    item = self._take() if self._events else None
+                    if item is None:
+                        self._wake.clear()
+                if item is None:
+                    await self._wake.wait()
+                    continue
+                if item is _END:
+                    break
+                yield item
+        finally:
+            self.cancel()
+        if self.error is not None:
+            raise self.error
+
+    def result(self) -> str:
+        """Block until done; the whole text (raises the engine's error, if any)."""
+        for _ in self:
+            pass
+        return self.text
+
+    async def aresult(self) -> str:
+        async for _ in self:
+            pass
+        return self.text

@@ -1,0 +1,66 @@
+"""The two decisions the engine makes each step: which slot a request gets, and what goes in the batch.
+
+Both are pure functions over the slots, so they can be read (and tested) on their own.
+"""
+
+from __future__ import annotations
+
+from llmkit.engine.request import Request, Status
+from llmkit.engine.slot import Slot
+from llmkit.llama import Batch
+
+SIMILARITY_THRESHOLD = 0.1  # llama-server's --slot-prompt-similarity default
+
+
+def choose_slot(slots: list[Slot], request: Request) -> Slot | None:
+    """Pick an idle slot for ``request``, or None if it must wait.
+
+    Mirrors llama-server's ``get_available_slot`` (server-context.cpp):
+    the slot named by ``id_slot`` if any; else the idle slot whose cache
+    shares the longest prefix with the prompt, if that covers more than 10 %
+    of it; else the least recently used idle slot.
+    """
+    if request.id_slot is not None:
+        slot = slots[request.id_slot]
+        return slot if slot.is_idle else None
+    idle = [s for s in slots if s.is_idle]
+    if not idle:
+        return None
+    if request.cache_prompt:
+        best = max(idle, key=lambda s: s.similarity(request.prompt))
+        if best.similarity(request.prompt) > SIMILARITY_THRESHOLD:
+            return best
+    return min(idle, key=lambda s: s.t_last_used)
+
+
+def build_batch(slots: list[Slot], batch: Batch) -> list[Slot]:
+    """Fill ``batch`` for one ``llama_decode``; return the slots that have a token in it.
+
+    Mirrors the batch-building half of llama-server's ``update_slots``:
+    1. every generating slot adds the token it sampled last step;
+    2. slots still reading their prompt add prompt tokens while the batch
+       has room (a long prompt continues next step: chunked prefill);
+    only a prompt's very last token asks for logits, since only there do we sample.
+    """
+    batch.clear()
+    used: list[Slot] = []
+    for slot in slots:
+        if slot.is_generating:
+            slot.i_batch = batch.add(slot.last_token, slot.n_past, slot.id, logits=True)
+            slot.cache_tokens.append(slot.last_token)
+            used.append(slot)
+    for slot in slots:
+        if slot.request is None or slot.request.status is not Status.PROMPT:
+            continue
+        room = batch.capacity - batch.n_tokens
+        if room == 0:
+            break
+        chunk = slot.prompt_left[:room]
+        last = slot.n_prompt_done + len(chunk) == len(slot.request.prompt)
+        for k, token in enumerate(chunk):
+            i = batch.add(token, slot.n_past, slot.id, logits=last and k == len(chunk) - 1)
+            slot.cache_tokens.append(token)
+        slot.n_prompt_done += len(chunk)
+        slot.i_batch = i if last else -1
+        used.append(slot)
+    return used

@@ -1,0 +1,361 @@
+"""A thin typed layer over llama-cpp-python's low-level API.
+
+Both servers stand on these four objects, each owning one llama.cpp handle
+and freeing it in ``close()``:
+
+- ``Model``    a loaded GGUF: vocabulary, tokenizer, chat template   (llama_model)
+- ``Context``  the KV cache and the compute graph, one sequence per slot (llama_context)
+- ``Batch``    the tokens handed to one ``llama_decode`` call          (llama_batch)
+- ``Sampler``  a sampler chain that picks the next token               (llama_sampler)
+
+Nothing here knows about HTTP, slots or requests. The same calls appear in
+llama-server's ``server-context.cpp`` (``llama_decode``, ``common_batch_add``,
+``common_sampler_sample``, ``llama_memory_seq_rm``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import llama_cpp as lc
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+log = logging.getLogger("llmkit.llama")
+
+# --- llama.cpp's own log lines go to Python logging (quiet unless asked) -----
+
+_LEVELS = {1: logging.INFO, 2: logging.WARNING, 3: logging.ERROR, 4: logging.DEBUG}
+_last_level = logging.DEBUG
+
+
+@lc.llama_log_callback
+def _forward_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    global _last_level
+    _last_level = _LEVELS.get(level, _last_level)  # level 5 continues the previous line
+    if log.isEnabledFor(_last_level):
+        log.log(_last_level, "%s", text.decode("utf-8", "replace").rstrip())
+
+
+_backend_ready = False
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        lc.llama_log_set(_forward_log, ctypes.c_void_p(0))
+        lc.llama_backend_init()
+        _backend_ready = True
+
+
+def default_threads() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+# --- Model --------------------------------------------------------------------
+
+
+class Model:
+    """A GGUF model loaded into memory, with its tokenizer and chat template."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        _init_backend()
+        self.path = Path(path)
+        params = lc.llama_model_default_params()
+        # No "extra" weight layouts (AMX tiles, repacked blocks): some VMs advertise AMX
+        # but fault on its first instruction, and the plain CPU kernels are as fast on
+        # a model this small.
+        params.use_extra_bufts = False
+        handle = lc.llama_model_load_from_file(str(self.path).encode(), params)
+        if not handle:
+            raise RuntimeError(f"llama.cpp could not load the model: {self.path}")
+        self.handle = handle
+        self.vocab = lc.llama_model_get_vocab(handle)
+        self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train = lc.llama_model_n_ctx_train(handle)
+        self.n_embd = lc.llama_model_n_embd(handle)
+        self.add_bos = lc.llama_vocab_get_add_bos(self.vocab)
+        self.name = self.meta("general.name") or self.path.stem
+        self._formatter = self._chat_formatter()
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = lc.llama_model_meta_val_str(self.handle, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def desc(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        lc.llama_model_desc(self.handle, buf, len(buf))
+        return buf.value.decode()
+
+    def n_params(self) -> int:
+        return lc.llama_model_n_params(self.handle)
+
+    # tokens <-> text
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buf = (lc.llama_token * capacity)()
+        n = lc.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, parse_special)
+        if n < 0:  # buffer too small: -n is the size needed
+            capacity = -n
+            buf = (lc.llama_token * capacity)()
+            n = lc.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
+        """The raw bytes of one token: possibly half of a UTF-8 character."""
+        buf = ctypes.create_string_buffer(64)
+        n = lc.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = lc.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.token_to_piece(t) for t in tokens).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        """End of generation: EOS, EOT or any other end token of this vocabulary."""
+        return lc.llama_vocab_is_eog(self.vocab, token)
+
+    @functools.cached_property
+    def eog_tokens(self) -> list[int]:
+        return [t for t in range(self.n_vocab) if self.is_eog(t)]
+
+    # chat
+
+    def _chat_formatter(self) -> Jinja2ChatFormatter | None:
+        template = self.meta("tokenizer.chat_template")
+        if not template:
+            return None
+        text = lambda tok: self.token_to_piece(tok, special=True).decode("utf-8", "replace") if tok >= 0 else ""  # noqa: E731
+        return Jinja2ChatFormatter(
+            template=template,
+            eos_token=text(lc.llama_vocab_eos(self.vocab)),
+            bos_token=text(lc.llama_vocab_bos(self.vocab)),
+        )
+
+    def apply_chat_template(self, messages: list[dict]) -> str:
+        """Render messages with the model's own template (GGUF ``tokenizer.chat_template``)."""
+        if self._formatter is None:
+            raise ValueError(f"model {self.name!r} has no chat template")
+        return self._formatter(messages=messages).prompt
+
+    def tokenize_chat(self, messages: list[dict]) -> list[int]:
+        prompt = self.apply_chat_template(messages)
+        bos = self._formatter.bos_token if self._formatter else ""
+        # A template that writes BOS itself must not get a second one from the tokenizer.
+        add_special = not (bos and prompt.startswith(bos))
+        return self.tokenize(prompt, add_special=add_special)
+
+    def close(self) -> None:
+        if self.handle:
+            lc.llama_model_free(self.handle)
+            self.handle = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --- Context ------------------------------------------------------------------
+
+
+class DecodeError(RuntimeError):
+    pass
+
+
+class Context:
+    """A llama_context: the KV cache (one sequence per slot) and the compute graph.
+
+    ``n_ctx`` is the total context; with ``kv_unified=False`` every one of the
+    ``n_seq_max`` sequences gets its own KV stream of ``n_ctx // n_seq_max``
+    cells, as llama-server gives each slot ``n_ctx / n_parallel``.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        n_ctx: int = 2048,
+        n_batch: int = 2048,
+        n_seq_max: int = 1,
+        n_threads: int | None = None,
+        embeddings: bool = False,
+        kv_unified: bool = False,
+    ):
+        params = lc.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = min(n_batch, 512)
+        params.n_seq_max = n_seq_max
+        params.n_threads = params.n_threads_batch = n_threads or default_threads()
+        params.kv_unified = kv_unified
+        params.embeddings = embeddings
+        if embeddings:
+            params.pooling_type = lc.LLAMA_POOLING_TYPE_MEAN
+        handle = lc.llama_init_from_model(model.handle, params)
+        if not handle:
+            raise RuntimeError("llama.cpp could not create a context (out of memory?)")
+        self.handle = handle
+        self.model = model
+        self.n_ctx = lc.llama_n_ctx(handle)
+        self.n_ctx_seq = lc.llama_n_ctx_seq(handle)
+        self.n_batch = lc.llama_n_batch(handle)
+        self.n_seq_max = n_seq_max
+        self.memory = lc.llama_get_memory(handle)
+
+    def decode(self, batch: Batch) -> None:
+        rc = lc.llama_decode(self.handle, batch.handle)
+        if rc != 0:
+            raise DecodeError(f"llama_decode failed with code {rc} ({batch.n_tokens} tokens)")
+
+    # KV cache, per sequence (llama_memory_*)
+
+    def clear(self) -> None:
+        lc.llama_memory_clear(self.memory, True)
+
+    def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool:
+        """Drop sequence ``seq_id``'s cells at positions [p0, p1) (p1 < 0: to the end)."""
+        return lc.llama_memory_seq_rm(self.memory, seq_id, p0, p1)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """Highest position cached for the sequence, -1 if empty."""
+        return lc.llama_memory_seq_pos_max(self.memory, seq_id)
+
+    def logits(self, i: int) -> ctypes.Array:
+        """Logits of the i-th output of the last decode, as a ctypes float array."""
+        ptr = lc.llama_get_logits_ith(self.handle, i)
+        return (ctypes.c_float * self.model.n_vocab).from_address(ctypes.addressof(ptr.contents))
+
+    def embedding(self, seq_id: int) -> list[float]:
+        ptr = lc.llama_get_embeddings_seq(self.handle, seq_id)
+        return ptr[: self.model.n_embd]
+
+    def close(self) -> None:
+        if self.handle:
+            lc.llama_free(self.handle)
+            self.handle = None
+
+
+# --- Batch --------------------------------------------------------------------
+
+
+class Batch:
+    """A reusable llama_batch of at most ``capacity`` tokens (common_batch_add / _clear)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.handle = lc.llama_batch_init(capacity, 0, 1)
+
+    @property
+    def n_tokens(self) -> int:
+        return self.handle.n_tokens
+
+    def clear(self) -> None:
+        self.handle.n_tokens = 0
+
+    def add(self, token: int, pos: int, seq_id: int, logits: bool) -> int:
+        """Append one token; returns its index, which ``Sampler.sample`` needs when logits is set."""
+        b, i = self.handle, self.handle.n_tokens
+        if i >= self.capacity:
+            raise OverflowError("batch is full")
+        b.token[i] = token
+        b.pos[i] = pos
+        b.n_seq_id[i] = 1
+        b.seq_id[i][0] = seq_id
+        b.logits[i] = logits
+        b.n_tokens = i + 1
+        return i
+
+    def close(self) -> None:
+        if self.handle is not None:
+            lc.llama_batch_free(self.handle)
+            self.handle = None
+
+
+# --- Sampler --------------------------------------------------------------------
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling settings, with llama-server's defaults."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int | None = None
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    max_tokens: int = -1  # -1: until end of generation or the context is full
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    grammar: str | None = None  # GBNF text; root rule "root"
+
+
+LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp: pick a random seed
+
+
+class Sampler:
+    """A llama.cpp sampler chain built from ``SamplingParams``.
+
+    Order as llama-server's common_sampler: [grammar] -> penalties -> top_k ->
+    top_p -> min_p -> temperature -> dist, or greedy when temperature <= 0.
+    The chain owns its samplers: freeing the chain frees them all.
+    """
+
+    def __init__(self, model: Model, params: SamplingParams):
+        self.handle = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        try:
+            for sampler in self._stages(model, params):
+                if not sampler:
+                    raise ValueError("llama.cpp could not build a sampler stage")
+                lc.llama_sampler_chain_add(self.handle, sampler)
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _stages(model: Model, p: SamplingParams):
+        if p.grammar is not None:
+            grammar = lc.llama_sampler_init_grammar(model.vocab, p.grammar.encode(), b"root")
+            if not grammar:
+                raise ValueError("the grammar does not parse (GBNF)")
+            yield grammar
+        if p.ignore_eos:  # llama-server: a -inf logit bias on every end-of-generation token
+            eog = model.eog_tokens
+            biases = (lc.llama_logit_bias * len(eog))(*[lc.llama_logit_bias(t, float("-inf")) for t in eog])
+            yield lc.llama_sampler_init_logit_bias(model.n_vocab, len(eog), biases)
+        if p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
+            yield lc.llama_sampler_init_penalties(
+                p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
+            )
+        if p.temperature <= 0:
+            yield lc.llama_sampler_init_greedy()
+            return
+        if p.top_k > 0:
+            yield lc.llama_sampler_init_top_k(p.top_k)
+        yield lc.llama_sampler_init_top_p(p.top_p, 1)
+        yield lc.llama_sampler_init_min_p(p.min_p, 1)
+        yield lc.llama_sampler_init_temp(p.temperature)
+        yield lc.llama_sampler_init_dist(LLAMA_DEFAULT_SEED if p.seed is None else p.seed & 0xFFFFFFFF)
+
+    def sample(self, ctx: Context, i: int) -> int:
+        """Pick a token from the logits of batch output ``i`` and accept it into the chain."""
+        return lc.llama_sampler_sample(self.handle, ctx.handle, i)
+
+    def close(self) -> None:
+        if self.handle:
+            lc.llama_sampler_free(self.handle)
+            self.handle = None

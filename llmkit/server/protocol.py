@@ -1,0 +1,177 @@
+"""Request bodies as pydantic models, and their mapping to the engine's SamplingParams.
+
+(~ llama-server's server-schema.cpp: a declarative table of request fields
+with types, limits and aliases.) Fields are strict (``"0.5"`` is not a
+number, ``1`` is not a boolean), unknown fields are ignored as OpenAI does,
+and a ``null`` field counts as absent. A field that fails validation
+becomes a 400 naming it (``errors.describe_validation_errors``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from llmkit.llama import SamplingParams
+
+from llmkit.server.errors import ApiError
+
+Probability = Annotated[float, Field(ge=0, le=1)]
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+NPredict = Annotated[int, Field(ge=-1)]
+
+
+class ApiModel(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+
+class StreamOptions(ApiModel):
+    include_usage: bool = False
+
+
+class ResponseFormat(ApiModel):
+    # Structured output ("json_object", "json_schema") arrives with the grammar issue:
+    # widen this Literal and fill in ``grammar_of`` below.
+    type: Literal["text"]
+
+
+class GenerationRequest(ApiModel):
+    """The fields chat and text completions share: OpenAI's, then llama-server's."""
+
+    model: str | None = None  # accepted and ignored: the server has one model
+    max_tokens: NPredict | None = None
+    max_completion_tokens: NPredict | None = None
+    temperature: Annotated[float, Field(ge=0)] | None = None
+    top_p: Probability | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    n: Literal[1] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
+    # llama-server's extras
+    n_predict: NPredict | None = None
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    min_p: Probability | None = None
+    repeat_penalty: Annotated[float, Field(ge=0)] | None = None
+    repeat_last_n: Annotated[int, Field(ge=0)] | None = None
+    cache_prompt: bool = True
+    id_slot: Annotated[int, Field(ge=-1)] = -1
+    ignore_eos: bool = False
+    n_probs: Annotated[int, Field(ge=0, le=20)] = 0
+    grammar: str | None = None
+    json_schema: dict | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def top_logprobs(self) -> int | None:
+        """How many alternatives to report per token; None: no logprobs at all."""
+        return self.n_probs or None
+
+
+class TextPart(ApiModel):
+    type: Literal["text"]
+    text: str
+
+
+class Message(ApiModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] = ""
+
+    def to_template(self) -> dict:
+        """The dict a chat template reads (text parts joined, as llama-server does)."""
+        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return {"role": self.role, "content": text}
+
+
+class ChatCompletionRequest(GenerationRequest):
+    messages: Annotated[list[Message], Field(min_length=1)]
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] = 0
+
+    def top_logprobs_n(self) -> int | None:
+        return self.top_logprobs if self.logprobs else super().top_logprobs()
+
+    top_logprobs = top_logprobs  # (the field keeps its OpenAI name; see top_logprobs_n)
+
+
+class CompletionRequest(GenerationRequest):
+    # a string, or (OpenAI) a token list, or a list holding one of those: n = 1 prompt only
+    prompt: str | list[int] | Annotated[list[str], Field(min_length=1, max_length=1)] | Annotated[
+        list[list[int]], Field(min_length=1, max_length=1)
+    ]
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+
+    def top_logprobs_n(self) -> int | None:
+        return self.logprobs if self.logprobs is not None else super().top_logprobs()
+
+    def single_prompt(self) -> str | list[int]:
+        p = self.prompt
+        return p[0] if p and isinstance(p[0], (str, list)) else p
+
+
+class EmbeddingRequest(ApiModel):
+    input: str | Annotated[list[str], Field(min_length=1)]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+
+    @property
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else self.input
+
+
+class TokenizeRequest(ApiModel):
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(ApiModel):
+    tokens: list[int]
+
+
+# --- request -> engine ---------------------------------------------------------
+
+
+def grammar_of(body: GenerationRequest) -> str | None:
+    """The one place a grammar comes from (``response_format``, ``json_schema``, ``grammar``).
+
+    Structured output is a later issue: for now only plain text is accepted.
+    """
+    if body.grammar is not None or body.json_schema is not None:
+        raise ApiError(400, "'grammar' and 'json_schema' are not supported yet")
+    return None
+
+
+def sampling_params(body: GenerationRequest, defaults: SamplingParams) -> SamplingParams:
+    """Map a request onto the server's defaults (``--temp``, ``--seed``, ``-n``): only given fields change."""
+    given = {
+        "max_tokens": next((n for n in (body.n_predict, body.max_completion_tokens, body.max_tokens) if n is not None), None),
+        "temperature": body.temperature,
+        "top_k": body.top_k,
+        "top_p": body.top_p,
+        "min_p": body.min_p,
+        "seed": body.seed,
+        "repeat_penalty": body.repeat_penalty,
+        "repeat_last_n": body.repeat_last_n,
+        "presence_penalty": body.presence_penalty,
+        "frequency_penalty": body.frequency_penalty,
+        "stop": [body.stop] if isinstance(body.stop, str) else body.stop,
+        "ignore_eos": body.ignore_eos,
+        "grammar": grammar_of(body),
+    }
+    return dataclasses.replace(defaults, **{k: v for k, v in given.items() if v is not None})

@@ -1,0 +1,67 @@
+"""Text helpers both servers share: incremental detokenizer and stop-string matcher.
+
+A token is a run of bytes, not of characters: SmolLM2 spells "日" as three
+byte-tokens, so sending each token as it comes would put half a character
+(U+FFFD on the client) on the wire. ``Detokenizer`` holds incomplete UTF-8
+back until the character is whole (llama-server: ``validate_utf8`` in
+server-common.cpp). ``StopMatcher`` holds back text that could still become
+a stop string, so that a stop string split across tokens is never emitted
+(llama-server: ``find_stopping_strings`` in server-context.cpp).
+"""
+
+from __future__ import annotations
+
+import codecs
+from typing import Callable
+
+
+class Detokenizer:
+    """Turns token ids into text pieces that never end inside a UTF-8 character."""
+
+    def __init__(self, token_to_piece: Callable[[int], bytes]):
+        self._piece = token_to_piece
+        # The standard library's incremental decoder keeps an incomplete
+        # trailing sequence in its buffer until the next bytes complete it.
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token: int) -> str:
+        return self._decoder.decode(self._piece(token))
+
+    def flush(self) -> str:
+        """End of stream: whatever is left (an unfinished character becomes U+FFFD)."""
+        return self._decoder.decode(b"", final=True)
+
+
+class StopMatcher:
+    """Finds stop strings in streamed text; never releases text that might start one."""
+
+    def __init__(self, stops: list[str] | tuple[str, ...] = ()):
+        self.stops = [s for s in stops if s]
+        self._held = ""
+        self.stopped = False
+
+    def push(self, text: str) -> str:
+        """Add text; return the part that is safe to emit. Sets ``stopped`` on a match."""
+        if self.stopped:
+            return ""
+        self._held += text
+        hits = [i for i in (self._held.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.stopped = True
+            out, self._held = self._held[: min(hits)], ""
+            return out
+        keep = max((self._partial_len(s) for s in self.stops), default=0)
+        out, self._held = self._held[: len(self._held) - keep], self._held[len(self._held) - keep :]
+        return out
+
+    def _partial_len(self, stop: str) -> int:
+        """Length of the longest tail of the held text that is a proper prefix of ``stop``."""
+        for n in range(min(len(stop) - 1, len(self._held)), 0, -1):
+            if self._held.endswith(stop[:n]):
+                return n
+        return 0
+
+    def flush(self) -> str:
+        """End of generation without a match: the held-back text is real output."""
+        out, self._held = self._held, ""
+        return out
