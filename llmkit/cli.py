@@ -37,6 +37,19 @@ def build_parser() -> argparse.ArgumentParser:
     seq.add_argument("--temp", type=float, default=0.3, help="sampling temperature (default 0.3, 0 = greedy)")
     seq.add_argument("-n", "--n-predict", type=int, default=-1, help="max tokens per translation (-1: no limit)")
 
+    slots = serve.add_parser("slots", help="the OpenAI-compatible slot server: continuous batching over -np slots")
+    add_common_server_flags(slots)
+    slots.add_argument("-c", "--ctx-size", type=int, default=8192, help="TOTAL context in tokens, split between the slots (default 8192)")
+    slots.add_argument("-np", "--parallel", type=int, default=4, help="number of slots (default 4)")
+    slots.add_argument("-b", "--batch-size", type=int, default=2048, help="max tokens per llama_decode (default 2048)")
+    slots.add_argument("-n", "--n-predict", type=int, default=-1, help="default max tokens per request (-1: no limit)")
+    slots.add_argument("--temp", type=float, default=0.8, help="default sampling temperature (default 0.8, 0 = greedy)")
+    slots.add_argument("--alias", help="model name shown to clients (default: the GGUF file name)")
+    slots.add_argument("--api-key", help="require this key (Authorization: Bearer KEY or X-Api-Key); /health stays public")
+    slots.add_argument("--metrics", action="store_true", help="enable GET /metrics (Prometheus)")
+    slots.add_argument("--slots", action=argparse.BooleanOptionalAction, default=True, help="enable GET /slots (default on)")
+    slots.add_argument("--max-body-size", type=int, default=10 * 2**20, help="largest request body in bytes (default 10 MiB)")
+
     tr = sub.add_parser("translate", help="stream a translation from a running sequential server")
     tr.add_argument("text")
     tr.add_argument("--to", default="ja", help="target language (default ja)")
@@ -57,6 +70,32 @@ def serve_sequential(args: argparse.Namespace) -> None:
     logging.getLogger("llmkit").info("model %s loaded (%s)", path.name, translator.model.desc())
     # uvicorn handles SIGINT/SIGTERM: it stops accepting, waits for running streams, then exits.
     uvicorn.run(create_app(translator), host=args.host, port=args.port, log_config=None)
+
+
+def serve_slots(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from llmkit.engine import Engine
+    from llmkit.server import Settings, create_app
+
+    path = models.resolve_model(args.model)  # a bad path fails here, before the server starts
+
+    def load() -> Engine:
+        try:
+            return Engine(path, n_parallel=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads)
+        except BaseException:
+            server.should_exit = True  # llama-server exits when the model does not load: so do we
+            raise
+
+    settings = Settings(
+        alias=args.alias, api_key=args.api_key, n_predict=args.n_predict, temperature=args.temp, seed=args.seed,
+        metrics=args.metrics, slots=args.slots, max_body_size=args.max_body_size, n_threads=args.threads,
+    )  # fmt: skip
+    app = create_app(load, settings)  # /health answers 503 until load() returns
+    # access_log=False: the app logs one line per request itself, with token counts.
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_config=None, access_log=False))
+    server.run()
+    return 1 if app.state.load_error is not None else 0
 
 
 def translate(args: argparse.Namespace) -> int:
@@ -88,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve" and args.kind == "sequential":
             serve_sequential(args)
+        elif args.command == "serve" and args.kind == "slots":
+            return serve_slots(args)
         elif args.command == "translate":
             return translate(args)
     except models.ModelFileError as exc:

@@ -29,16 +29,15 @@ log = logging.getLogger("llmkit.llama")
 
 # --- llama.cpp's own log lines go to Python logging (quiet unless asked) -----
 
-_LEVELS = {1: logging.INFO, 2: logging.WARNING, 3: logging.ERROR, 4: logging.DEBUG}
-_last_level = logging.DEBUG
+_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}  # ggml_log_level
 
 
 @lc.llama_log_callback
 def _forward_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
-    global _last_level
-    _last_level = _LEVELS.get(level, _last_level)  # level 5 continues the previous line
-    if log.isEnabledFor(_last_level):
-        log.log(_last_level, "%s", text.decode("utf-8", "replace").rstrip())
+    message = text.decode("utf-8", "replace").rstrip()
+    # level 5 continues the previous line (progress dots): not worth a log record
+    if level in _LEVELS and message and log.isEnabledFor(_LEVELS[level]):
+        log.log(_LEVELS[level], "%s", message)
 
 
 _backend_ready = False
@@ -338,8 +337,8 @@ class Sampler:
             biases = (lc.llama_logit_bias * len(eog))(*[lc.llama_logit_bias(t, float("-inf")) for t in eog])
             yield lc.llama_sampler_init_logit_bias(model.n_vocab, len(eog), biases)
         if p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
-            yield lc.llama_sampler_init_penalties(
-                p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
+            yield lc.llama_sampler_init_penalties(  # this llama.h still takes n_vocab first
+                model.n_vocab, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
             )
         if p.temperature <= 0:
             yield lc.llama_sampler_init_greedy()

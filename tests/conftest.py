@@ -22,6 +22,11 @@ def model(model_path):
 
 @pytest.fixture(scope="session")
 def sequential_server():
-    """The sequential translation server as a child process (greedy, so outputs repeat)."""
-    with launch.serve("sequential", "--temp", "0", "--seed", "1") as server:
+    """The sequential translation server as a child process.
+
+    Greedy (outputs repeat), at most 160 tokens per translation, one thread:
+    two servers and the test process share two cores, and llama.cpp's
+    threads slow down badly when they have to wait for a core.
+    """
+    with launch.serve("sequential", "--temp", "0", "--seed", "1", "-n", "160", "-t", "1") as server:
         yield server

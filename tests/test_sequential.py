@@ -60,7 +60,8 @@ def test_japanese_stream_never_sends_a_broken_character(sequential_server, model
     pieces = [model.token_to_piece(t) for t in model.tokenize("今日は良い天気です", add_special=False)]
     assert any(not _is_utf8(p) for p in pieces), "expected at least one partial-UTF-8 token"
     # ... and the stream still only carries whole characters.
-    body = {"text": "Good morning, my friend. Thank you for the tea.", "target_lang": "ja"}
+    # SmolLM2-135M ignores the code "ja" but follows the language's name.
+    body = {"text": "Thank you very much.", "target_lang": "Japanese"}
     r = httpx.post(f"{sequential_server.url}/translate/stream", json=body, timeout=60)
     tokens = [json.loads(e) for e in sse_events(r.content)[:-1]]
     text = "".join(tokens)
@@ -147,7 +148,7 @@ def test_web_ui_is_served(sequential_server):
 
 @pytest.fixture(scope="module")
 def translator(model_path):
-    t = Translator(model_path, temperature=0, seed=1)
+    t = Translator(model_path, temperature=0, seed=1, n_threads=1)
     yield t
     t.close()
 
@@ -303,6 +304,8 @@ def test_translate_command_streams_from_a_server(sequential_server):
 def test_signals_shut_down_cleanly(sig):
     server = launch.start("sequential")
     server.process.send_signal(sig)
-    assert server.process.wait(30) == 0
+    # uvicorn finishes in-flight responses, then re-raises the signal so that the
+    # exit status still says "stopped by SIGTERM" (-15) to whoever started it.
+    assert server.process.wait(30) in (0, -sig)
     assert "Finished server process" in server.log()
     assert "Traceback" not in server.log()

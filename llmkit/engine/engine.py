@@ -225,6 +225,9 @@ class Engine:
             request.status = Status.GENERATING
             request.t_first = time.perf_counter()
             request.timings.prompt_ms = (request.t_first - request.t_start) * 1e3
+        if params.max_tokens == 0:  # prompt only (llama-server's n_predict = 0)
+            self._finish(slot, "length")
+            return
         if self.model.is_eog(token):
             self._finish(slot, "stop")
             return

@@ -100,9 +100,9 @@ class Slot:
 
     def to_dict(self) -> dict:
         """State for ``GET /slots``."""
-        state = {"id": self.id, "n_ctx": self.n_ctx, "is_processing": not self.is_idle, "n_cached": self.n_past}
-        if self.request is not None:
-            r = self.request
+        r = self.request  # read once: the engine thread may free the slot while an HTTP thread reads it
+        state = {"id": self.id, "n_ctx": self.n_ctx, "is_processing": r is not None, "n_cached": self.n_past}
+        if r is not None:
             state.update(
                 id_task=r.id,
                 status=r.status.value,

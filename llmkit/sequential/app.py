@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator, Iterator
 
 import anyio
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -173,6 +173,11 @@ def create_app(translator: Translator) -> FastAPI:
                 log.warning("model %s not selected: %s", entry.name, exc)
                 yield sse({"status": "error", "message": str(exc)})
 
+    @app.get("/", include_in_schema=False)
+    async def web_ui() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
 
 

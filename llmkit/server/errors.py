@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from llmkit.engine import ContextSizeError
+from llmkit.engine import ContextSizeError, EngineError
 
 log = logging.getLogger("llmkit.server")
 
@@ -95,6 +95,10 @@ def install(app: FastAPI) -> None:
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = "File Not Found" if exc.status_code == 404 else str(exc.detail)  # llama-server's 404 text
         return ApiError(exc.status_code, message).response()
+
+    @app.exception_handler(EngineError)
+    async def engine_error(_: Request, exc: EngineError) -> JSONResponse:
+        return ApiError(500, str(exc)).response()
 
     @app.exception_handler(Exception)
     async def crash(request: Request, exc: Exception) -> JSONResponse:

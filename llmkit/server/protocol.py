@@ -12,19 +12,27 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from llmkit.llama import SamplingParams
-
 from llmkit.server.errors import ApiError
+
+
+def _n_predict(n: int) -> int:
+    # 0 is refused: llama-server reads it as "only evaluate the prompt", which the engine does not do
+    # (it would generate without limit, as it checks the budget only after appending a token).
+    if n == 0 or n < -1:
+        raise ValueError("should be -1 (no limit) or a positive number of tokens")
+    return n
+
 
 Probability = Annotated[float, Field(ge=0, le=1)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
-NPredict = Annotated[int, Field(ge=-1)]
+NPredict = Annotated[int, AfterValidator(_n_predict)]
 
 
 class ApiModel(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -77,7 +85,7 @@ class GenerationRequest(ApiModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def top_logprobs(self) -> int | None:
+    def n_top_logprobs(self) -> int | None:
         """How many alternatives to report per token; None: no logprobs at all."""
         return self.n_probs or None
 
@@ -102,10 +110,8 @@ class ChatCompletionRequest(GenerationRequest):
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] = 0
 
-    def top_logprobs_n(self) -> int | None:
-        return self.top_logprobs if self.logprobs else super().top_logprobs()
-
-    top_logprobs = top_logprobs  # (the field keeps its OpenAI name; see top_logprobs_n)
+    def n_top_logprobs(self) -> int | None:
+        return self.top_logprobs if self.logprobs else super().n_top_logprobs()
 
 
 class CompletionRequest(GenerationRequest):
@@ -115,12 +121,12 @@ class CompletionRequest(GenerationRequest):
     ]
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
 
-    def top_logprobs_n(self) -> int | None:
-        return self.logprobs if self.logprobs is not None else super().top_logprobs()
+    def n_top_logprobs(self) -> int | None:
+        return self.logprobs if self.logprobs is not None else super().n_top_logprobs()
 
     def single_prompt(self) -> str | list[int]:
         p = self.prompt
-        return p[0] if p and isinstance(p[0], (str, list)) else p
+        return p[0] if isinstance(p, list) and p and isinstance(p[0], (str, list)) else p
 
 
 class EmbeddingRequest(ApiModel):
@@ -175,3 +181,11 @@ def sampling_params(body: GenerationRequest, defaults: SamplingParams) -> Sampli
         "grammar": grammar_of(body),
     }
     return dataclasses.replace(defaults, **{k: v for k, v in given.items() if v is not None})
+
+
+def check_tokens(tokens: list[int], n_vocab: int, field: str) -> list[int]:
+    """Token ids from a client must exist: llama.cpp would fail the whole batch on a bad one."""
+    bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise ApiError(400, f"'{field}': token {bad} is not in the vocabulary (0..{n_vocab - 1})")
+    return tokens

@@ -1,0 +1,79 @@
+"""``GET /metrics``: the engine's counters in Prometheus text, under llama-server's ``llamacpp:`` names.
+
+(~ llama-server's ``server_task_result_metrics::to_metrics`` in server-task.cpp.)
+A prometheus_client collector reads ``engine.counters`` at scrape time, so
+the numbers are exactly the engine's totals (the sums of every finished
+request's ``timings``). Its own registry: nothing of the process leaks in.
+
+One difference from llama-server's hand-written text: prometheus_client
+writes a counter's HELP/TYPE lines without the ``_total`` suffix
+(``# TYPE llamacpp:prompt_tokens counter``), as the exposition format
+prescribes; the sample lines keep the full names (``llamacpp:prompt_tokens_total 42.0``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from llmkit.engine import Engine
+
+PREFIX = "llamacpp:"
+
+COUNTERS = {  # counter name -> its help text (the same words as llama-server's)
+    "prompt_tokens_total": "Number of prompt tokens processed, excluding cached tokens",
+    "prompt_tokens_cached_total": "Number of prompt tokens reused from the cache",
+    "prompt_seconds_total": "Total time spent processing prompts",
+    "tokens_predicted_total": "Number of generation tokens processed",
+    "tokens_predicted_seconds_total": "Total time spent generating tokens",
+    "n_decode_total": "Total number of llama_decode() calls",
+}
+
+
+def gauges(engine: Engine) -> dict[str, tuple[str, float]]:
+    c = engine.counters
+
+    def rate(n: float, seconds: float) -> float:
+        return n / seconds if seconds else 0.0
+
+    return {  # name -> (help text, value)
+        "prompt_tokens_seconds": ("Average prompt throughput in tokens/s", rate(c.prompt_tokens_total, c.prompt_seconds_total)),
+        "predicted_tokens_seconds": (
+            "Average generation throughput in tokens/s",
+            rate(c.tokens_predicted_total, c.tokens_predicted_seconds_total),
+        ),
+        "requests_processing": ("Number of requests processing", engine.n_busy),
+        "requests_deferred": ("Number of requests deferred", engine.n_waiting),
+        "n_busy_slots_per_decode": (
+            "Average number of busy slots per llama_decode() call",
+            c.n_busy_slots_total / max(c.n_decode_total, 1),
+        ),
+    }
+
+
+class EngineCollector:
+    """A prometheus_client collector over an engine (found through ``get_engine`` at each scrape)."""
+
+    def __init__(self, get_engine: Callable[[], Engine]):
+        self.get_engine = get_engine
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self.get_engine()
+        totals = engine.counters.snapshot()
+        for name, help_text in COUNTERS.items():
+            yield CounterMetricFamily(PREFIX + name, help_text, value=totals[name])
+        for name, (help_text, value) in gauges(engine).items():
+            yield GaugeMetricFamily(PREFIX + name, help_text, value=value)
+
+
+def registry(get_engine: Callable[[], Engine]) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(EngineCollector(get_engine))
+    return reg
+
+
+def render(reg: CollectorRegistry) -> tuple[bytes, str]:
+    """The exposition text and its content type."""
+    return generate_latest(reg), CONTENT_TYPE_LATEST

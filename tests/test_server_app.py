@@ -1,0 +1,153 @@
+"""The slot server's HTTP layer in this process, over a scripted engine: the states a real model
+cannot be asked for on demand (still loading, failed to load, failing mid-stream, a crashing route).
+
+The fake engine answers ``submit`` with a real ``llmkit.engine.Request`` whose
+pieces and ending are written in advance, so every byte the app sends is
+its own; no model is loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from llmkit import launch
+from llmkit.engine import EngineError, Piece, Request
+from llmkit.server import Settings, create_app
+
+CHAT = {"messages": [{"role": "user", "content": "Hi"}], "stream": True}
+
+
+class FakeModel:
+    n_vocab = 100
+    path = Path("fake.gguf")
+
+    def tokenize(self, text: str, **_: object) -> list[int]:
+        return [1] * max(1, len(text.split()))
+
+    def tokenize_chat(self, messages: list[dict]) -> list[int]:
+        return [1, 2, 3]
+
+    def token_to_piece(self, token: int) -> bytes:
+        return b"x"
+
+
+class FakeEngine:
+    """``submit`` runs ``script(request)`` at once: the request's events are queued before anyone reads."""
+
+    def __init__(self, script: Callable[[Request], None] = lambda r: r.finish("stop")):
+        self.model = FakeModel()
+        self.slots, self.n_ctx_slot = [], 64
+        self.script = script
+
+    def submit(self, prompt, params, **_: object) -> Request:
+        request = Request(prompt, params)
+        self.script(request)
+        return request
+
+
+@contextlib.contextmanager
+def running(app) -> Iterator[str]:
+    """uvicorn in a thread; unlike ``launch.serve_app``, does not wait for /health to say 200."""
+    port = launch.free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host=launch.HOST, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        assert thread.is_alive()
+        time.sleep(0.01)
+    try:
+        yield f"http://{launch.HOST}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def events(r: httpx.Response) -> list:
+    return [e.removeprefix("data: ") for e in r.text.strip().split("\n\n")]
+
+
+def test_503_while_the_model_loads_then_ok():
+    loaded = threading.Event()
+    app = create_app(lambda: (loaded.wait(10), FakeEngine())[1], Settings(alias="fake"))
+    with running(app) as url:
+        for path in ("/health", "/v1/models"):
+            r = httpx.get(url + path)
+            assert r.status_code == 503
+            assert r.json() == {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+        loaded.set()
+        launch.wait_healthy(url, 5)
+        assert httpx.get(url + "/health").json() == {"status": "ok"}
+
+
+def test_a_model_that_fails_to_load_is_a_500():
+    def fail() -> FakeEngine:
+        raise RuntimeError("not a GGUF file")
+
+    with running(create_app(fail)) as url:
+        time.sleep(0.2)
+        r = httpx.get(url + "/health")
+        assert r.status_code == 500 and "not a GGUF file" in r.json()["error"]["message"]
+
+
+def test_an_unexpected_exception_is_a_json_500_and_the_server_keeps_serving():
+    app = create_app(FakeEngine(), Settings(alias="fake"))
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise ZeroDivisionError("division by zero")
+
+    with launch.serve_app(app) as url:
+        r = httpx.get(url + "/boom")
+        assert r.status_code == 500 and r.headers["content-type"] == "application/json"
+        assert r.json()["error"]["type"] == "server_error" and "ZeroDivisionError" in r.json()["error"]["message"]
+        assert httpx.get(url + "/health").status_code == 200
+
+
+def test_an_engine_error_before_the_first_token_is_an_http_error():
+    engine = FakeEngine(lambda r: r.finish(None, EngineError("llama_decode failed")))
+    with launch.serve_app(create_app(engine, Settings(alias="fake"))) as url:
+        for stream in (True, False):
+            r = httpx.post(url + "/v1/chat/completions", json={**CHAT, "stream": stream})
+            assert r.status_code == 500 and r.headers["content-type"] == "application/json"
+            assert r.json() == {"error": {"code": 500, "message": "llama_decode failed", "type": "server_error"}}
+
+
+def test_an_engine_error_after_the_first_token_ends_the_stream_with_an_error_event():
+    def script(r: Request) -> None:
+        r.emit(Piece("Hel", [1]))
+        r.finish(None, EngineError("llama_decode failed"))
+
+    with launch.serve_app(create_app(FakeEngine(script), Settings(alias="fake"))) as url:
+        r = httpx.post(url + "/v1/chat/completions", json=CHAT)
+        assert r.status_code == 200
+        _role, piece, error = events(r)  # no final chunk, no [DONE]
+        assert json.loads(piece)["choices"][0]["delta"] == {"content": "Hel"}
+        assert json.loads(error) == {"error": {"code": 500, "message": "llama_decode failed", "type": "server_error"}}
+
+
+def test_a_stream_with_no_text_still_has_every_frame():
+    with launch.serve_app(create_app(FakeEngine(), Settings(alias="fake"))) as url:
+        r = httpx.post(url + "/v1/chat/completions", json={**CHAT, "stream_options": {"include_usage": True}})
+        role, final, usage, done = events(r)
+        assert json.loads(role)["choices"][0]["delta"]["role"] == "assistant"
+        assert json.loads(final)["choices"][0] | {"delta": {}} == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}
+        assert json.loads(usage)["usage"]["completion_tokens"] == 0 and done == "[DONE]"
+
+
+@pytest.mark.parametrize("body", [{"prompt": "a b c"}, {"prompt": [5, 6]}, {"prompt": ["a b"]}, {"prompt": [[5, 6]]}])
+def test_completion_prompt_forms(body):
+    seen = []
+    engine = FakeEngine(lambda r: (seen.append(r.prompt), r.finish("stop")))
+    with launch.serve_app(create_app(engine, Settings(alias="fake"))) as url:
+        r = httpx.post(url + "/v1/completions", json=body)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == ""
+    assert seen == [[1, 1, 1] if body["prompt"] == "a b c" else [5, 6] if body["prompt"] in ([5, 6], [[5, 6]]) else [1, 1]]
