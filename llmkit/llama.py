@@ -314,8 +314,11 @@ class Sampler:
     The chain owns its samplers: freeing the chain frees them all.
     """
 
+    live = 0  # chains not yet freed, across the process (tests count them to catch leaks)
+
     def __init__(self, model: Model, params: SamplingParams):
         self.handle = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        Sampler.live += 1
         try:
             for sampler in self._stages(model, params):
                 if not sampler:
@@ -358,3 +361,4 @@ class Sampler:
         if self.handle:
             lc.llama_sampler_free(self.handle)
             self.handle = None
+            Sampler.live -= 1

@@ -1,0 +1,251 @@
+"""The slot engine with the real model: batching, prefix reuse, queueing, cancellation, limits, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+import weakref
+
+import pytest
+
+from llmkit.engine import ContextSizeError, Engine, EngineError
+from llmkit.engine.request import Request
+from llmkit.llama import Sampler, SamplingParams
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write one sentence about the sea.",
+    "List three fruits.",
+    "Why is the sky blue?",
+]
+SYSTEM = "You are a patient teacher who explains things to children in short, friendly sentences. " * 4
+
+
+def chat(question: str, system: str | None = None) -> list[dict]:
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
+
+
+@pytest.fixture(scope="module")
+def engine(model):
+    # 4 slots of 1024 tokens; one thread: the test machine's two cores are shared
+    with Engine(model, n_parallel=4, n_ctx=4096, n_threads=1) as e:
+        yield e
+
+
+def wait_idle(engine: Engine, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (engine.n_busy or engine.n_waiting) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.n_busy == 0 and engine.n_waiting == 0
+
+
+def test_batched_greedy_output_equals_output_alone(engine):
+    alone = []
+    for q in QUESTIONS:
+        r = engine.chat(chat(q), max_tokens=48, temperature=0, cache_prompt=False)
+        alone.append(r.result())
+    requests = [engine.chat(chat(q), max_tokens=48, temperature=0, cache_prompt=False) for q in QUESTIONS]
+    together = [r.result() for r in requests]
+    assert together == alone
+    assert len({r.slot_id for r in requests}) == 4, "the four requests should have run side by side"
+
+
+def test_prefix_cache_hit_gives_the_same_output_and_reports_cache_n(engine):
+    cold = engine.chat(chat("Name two colours.", SYSTEM), max_tokens=32, temperature=0, cache_prompt=False)
+    cold_text = cold.result()
+    assert cold.timings.cache_n == 0
+    warm = engine.chat(chat("Name two colours.", SYSTEM), max_tokens=32, temperature=0)
+    assert warm.result() == cold_text
+    assert warm.slot_id == cold.slot_id
+    # the whole prompt was cached; one token is evaluated again for its logits
+    assert warm.timings.cache_n == len(warm.prompt) - 1
+    assert warm.timings.prompt_n == 1
+    other = engine.chat(chat("Name two animals.", SYSTEM), max_tokens=8, temperature=0)
+    other.result()
+    assert other.slot_id == cold.slot_id, "the slot holding the system prompt is the most similar"
+    assert other.timings.cache_n >= len(engine.model.tokenize_chat(chat("", SYSTEM))) - 8
+
+
+def test_cache_prompt_false_evaluates_everything(engine):
+    engine.chat(chat("Hello!", SYSTEM), max_tokens=4, temperature=0).result()
+    r = engine.chat(chat("Hello!", SYSTEM), max_tokens=4, temperature=0, cache_prompt=False)
+    r.result()
+    assert r.timings.cache_n == 0 and r.timings.prompt_n == len(r.prompt)
+
+
+def test_two_system_prompts_keep_to_their_own_slots(engine):
+    systems = ["You are a pirate. Answer like a pirate would, with lots of arrr. " * 3,
+               "You are a formal butler. Answer politely and briefly, sir. " * 3]  # fmt: skip
+    first = [engine.chat(chat("Hi", s), max_tokens=4, temperature=0) for s in systems]
+    for r in first:
+        r.result()
+    again = [engine.chat(chat("Bye", s), max_tokens=4, temperature=0) for s in systems]
+    for r in again:
+        r.result()
+    assert [r.slot_id for r in again] == [r.slot_id for r in first]
+    assert all(r.timings.cache_n > 20 for r in again)
+
+
+def test_more_requests_than_slots_wait_in_a_queue_and_all_finish(engine):
+    requests = [engine.chat(chat(f"Count from {i} to {i + 5}."), max_tokens=24, temperature=0) for i in range(7)]
+    time.sleep(0.3)
+    assert engine.n_busy == 4 and engine.n_waiting == 3
+    texts = [r.result() for r in requests]
+    assert all(texts) and all(r.finish_reason in ("stop", "length") for r in requests)
+    # first come, first served: the three that waited started after the first four
+    assert max(r.t_start for r in requests[:4]) < min(r.t_start for r in requests[4:])
+    wait_idle(engine)
+
+
+def test_cancel_frees_the_slot_within_a_second(engine):
+    r = engine.complete("Once upon a time", max_tokens=-1, temperature=0.8, seed=3, ignore_eos=True)
+    pieces = iter(r)
+    next(pieces)
+    assert engine.n_busy == 1
+    t0 = time.monotonic()
+    pieces.close()  # the consumer goes away
+    wait_idle(engine, timeout=1.0)
+    assert time.monotonic() - t0 < 1.0
+    assert r.finish_reason == "cancelled"
+
+
+def test_cancel_while_waiting_in_the_queue(engine):
+    blockers = [engine.complete("Tell me a story", max_tokens=64, temperature=0, ignore_eos=True) for _ in range(4)]
+    queued = engine.complete("Never runs", max_tokens=8)
+    time.sleep(0.2)
+    assert queued.status.value == "waiting"
+    queued.cancel()
+    for b in blockers:
+        b.result()
+    wait_idle(engine)
+    assert queued.finish_reason == "cancelled" and queued.output == []
+
+
+def test_prompt_longer_than_the_slot_is_refused(engine):
+    long_prompt = engine.model.tokenize("word " * 1100)
+    with pytest.raises(ContextSizeError) as info:
+        engine.submit(long_prompt)
+    assert info.value.n_prompt_tokens == len(long_prompt) and info.value.n_ctx == engine.n_ctx_slot == 1024
+    assert "exceeds the available context size" in str(info.value)
+    assert engine.n_busy == 0 and engine.n_waiting == 0
+
+
+def test_generation_stops_with_length_at_the_end_of_the_slot(engine):
+    prompt = engine.model.tokenize("word " * 990)
+    r = engine.submit(prompt, SamplingParams(temperature=0, ignore_eos=True))
+    r.result()
+    assert r.finish_reason == "length"
+    assert len(prompt) + len(r.output) == engine.n_ctx_slot + 1  # the last token is sampled, never decoded
+
+
+def test_max_tokens_and_zero(engine):
+    r = engine.complete("One, two, three,", max_tokens=5, temperature=0, ignore_eos=True)
+    r.result()
+    assert (len(r.output), r.finish_reason, r.timings.predicted_n) == (5, "length", 5)
+    r = engine.complete("One, two, three,", max_tokens=0)
+    assert r.result() == "" and r.finish_reason == "length"
+
+
+def test_stop_string_split_across_tokens_is_never_emitted(engine):
+    free = engine.complete("1, 2, 3, 4, 5, 6, 7,", max_tokens=24, temperature=0)
+    text = free.result()
+    stop = " 10, 11"  # several tokens long
+    assert stop in text
+    r = engine.complete("1, 2, 3, 4, 5, 6, 7,", max_tokens=24, temperature=0, stop=[stop])
+    pieces = [p.text for p in r]
+    assert r.finish_reason == "stop"
+    assert "".join(pieces) == text[: text.index(stop)]
+    assert not any("10" in p for p in pieces)
+
+
+def test_a_failing_request_fails_alone(engine, monkeypatch):
+    real = engine._logprobs
+
+    def explode(i, token, n_probs):
+        if n_probs == 7:  # only the request that asked for 7 alternatives
+            raise RuntimeError("boom in the sampler")
+        return real(i, token, n_probs)
+
+    monkeypatch.setattr(engine, "_logprobs", explode)
+    good = [engine.chat(chat(q), max_tokens=24, temperature=0) for q in QUESTIONS[:3]]
+    bad = engine.submit(engine.model.tokenize_chat(chat("Hi")), SamplingParams(temperature=0), n_probs=7)
+    with pytest.raises(EngineError, match="boom in the sampler"):
+        bad.result()
+    assert all(r.result() for r in good)
+    assert all(r.error is None for r in good)
+    # a grammar that does not parse fails at slot start, alone too
+    broken = engine.submit(engine.model.tokenize("x"), SamplingParams(grammar="root ::= (((("))
+    with pytest.raises(ValueError, match="grammar"):
+        broken.result()
+    wait_idle(engine)
+
+
+def test_logprobs_are_reported_when_asked(engine):
+    r = engine.submit(engine.model.tokenize("The capital of France is"), SamplingParams(temperature=0, max_tokens=3), n_probs=3)
+    pieces = list(r)
+    lps = [lp for p in pieces for lp in p.logprobs]
+    assert len(lps) == len(r.output) == 3
+    for lp in lps:  # greedy: the chosen token is the most likely one
+        assert lp.top[0][0] == lp.token and lp.logprob == pytest.approx(lp.top[0][1]) and lp.logprob <= 0
+
+
+def test_async_iteration(engine):
+    async def main():
+        requests = [engine.chat(chat(q), max_tokens=16, temperature=0) for q in QUESTIONS[:2]]
+
+        async def collect(r):
+            return "".join([p.text async for p in r])
+
+        return await asyncio.gather(*(collect(r) for r in requests))
+
+    texts = asyncio.run(main())
+    sync = [engine.chat(chat(q), max_tokens=16, temperature=0).result() for q in QUESTIONS[:2]]
+    assert texts == sync
+
+
+def test_timings_and_counters_add_up(engine):
+    before = engine.counters.snapshot()
+    requests = [engine.chat(chat(q), max_tokens=10, temperature=0) for q in QUESTIONS[:3]]
+    for r in requests:
+        r.result()
+    after = engine.counters.snapshot()
+    assert after["tokens_predicted_total"] - before["tokens_predicted_total"] == sum(r.timings.predicted_n for r in requests)
+    assert after["prompt_tokens_total"] - before["prompt_tokens_total"] == sum(r.timings.prompt_n for r in requests)
+    assert after["prompt_tokens_cached_total"] - before["prompt_tokens_cached_total"] == sum(r.timings.cache_n for r in requests)
+    assert after["n_decode_total"] > before["n_decode_total"]
+    for r in requests:
+        t = r.timings.to_dict()
+        assert t["prompt_n"] + t["cache_n"] == len(r.prompt) and t["predicted_n"] == len(r.output)
+        assert t["prompt_ms"] > 0 and t["predicted_ms"] > 0
+
+
+def test_samplers_and_requests_are_freed(engine):
+    wait_idle(engine)
+    live_before = Sampler.live
+    refs = []
+    for _ in range(3):
+        batch = [engine.chat(chat(q), max_tokens=4, temperature=0.7, seed=1, repeat_penalty=1.1) for q in QUESTIONS]
+        for r in batch:
+            r.result()
+        refs += [weakref.ref(r) for r in batch]
+        del batch, r
+    wait_idle(engine)
+    assert Sampler.live == live_before, "every slot's sampler chain was freed"
+    gc.collect()
+    assert all(ref() is None for ref in refs), "finished requests are not kept alive by the engine"
+
+
+def test_submit_validation(engine):
+    with pytest.raises(ValueError, match="empty"):
+        engine.submit([])
+    with pytest.raises(ValueError, match="id_slot"):
+        engine.submit([1, 2], id_slot=9)
+    r = engine.submit(engine.model.tokenize("Hi"), SamplingParams(max_tokens=2), id_slot=2)
+    r.result()
+    assert r.slot_id == 2
+
+
+def test_request_objects_stand_alone():
+    r = Request([1, 2, 3])
+    assert r.status.value == "waiting" and not r.done
