@@ -38,7 +38,7 @@ browser:
 	fi
 
 test: $(INSTALLED) browser
-	$(PY) -m pytest tests notebooks/en notebooks/ja --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest tests notebooks/en notebooks/ja --nbval-lax -p no:cacheprovider $(PYTEST_ARGS)
 
 lab: $(INSTALLED)
 	$(VENV)/bin/jupyter lab notebooks/

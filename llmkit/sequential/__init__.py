@@ -1,0 +1,1 @@
+"""The sequential translation server: the C++ tutorial's server in Python (the course's "before")."""
