@@ -6,7 +6,10 @@ Map of the package (each module one role, named after llama-server's files):
     llama       thin typed layer over llama-cpp-python's low-level API
     text        incremental UTF-8 detokenizer and stop-string matcher
     sequential/ the tutorial's translation server (one request at a time)
+    engine/     the slot engine: continuous batching, prefix reuse (~ server-context.cpp)
+    server/     the slot server's OpenAI-compatible HTTP layer (~ server.cpp, server-http.cpp)
     launch      start/stop servers in the background (notebooks, tests, bench)
+    bench       the servers side by side over HTTP
     cli         `llmkit serve | translate | bench`
 """
 
