@@ -161,7 +161,7 @@ class Engine:
                 self._cond.wait_for(self._has_work)
                 if self._closing:
                     return
-                self._admit_waiting()
+            self._admit_waiting()
             try:
                 self.step()
             except Exception:  # a bug here must not kill the thread silently
@@ -170,20 +170,24 @@ class Engine:
 
     def _admit_waiting(self) -> None:
         """Move queued requests into idle slots, first come first served (launch_slot_with_task)."""
-        for request in list(self.waiting):
-            if request.cancelled:
-                self.waiting.remove(request)
-                request.finish("cancelled")
-                continue
-            slot = choose_slot(self.slots, request)
-            if slot is None:
-                continue
-            self.waiting.remove(request)
-            try:
+        while (admission := self._next_admission()) is not None:
+            slot, request = admission
+            try:  # outside the lock: building a grammar sampler can take a while
                 slot.start(request, self.ctx, self.model)
             except Exception as exc:  # a bad sampler (say, a grammar) fails this request alone
                 slot.release(self.ctx)
                 self._fail(request, exc)
+
+    def _next_admission(self) -> tuple[Slot, Request] | None:
+        with self._cond:
+            for request in list(self.waiting):
+                if request.cancelled:
+                    self.waiting.remove(request)
+                    request.finish("cancelled")
+                elif (slot := choose_slot(self.slots, request)) is not None:
+                    self.waiting.remove(request)
+                    return slot, request
+        return None
 
     def step(self) -> None:
         """One iteration: drop cancelled requests, build one batch, decode it, sample each slot."""
