@@ -309,3 +309,19 @@ def test_signals_shut_down_cleanly(sig):
     assert server.process.wait(30) in (0, -sig)
     assert "Finished server process" in server.log()
     assert "Traceback" not in server.log()
+
+
+def test_sigterm_waits_for_a_running_stream():
+    server = launch.start("sequential", "--temp", "0", "-n", "48", "-t", "1")
+    try:
+        body = {"text": LONG_TEXT, "target_lang": "French"}
+        with httpx.stream("POST", f"{server.url}/translate/stream", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            server.process.send_signal(signal.SIGTERM)  # mid-stream
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert json.loads(first[len("data: ") :])
+        assert rest[-1] == "data: [DONE]", "the stream ran to its end before the server stopped"
+        assert server.process.wait(30) in (0, -signal.SIGTERM)
+    finally:
+        server.stop()
