@@ -1,0 +1,39 @@
+"""nbval runs each notebook as a test; this checks that none leaves a server running.
+
+``llmkit.launch`` starts servers in their own session, so a server that a
+notebook forgets to stop outlives the notebook's kernel: we look for
+``llmkit serve`` processes that appeared while the notebook ran.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+_before: dict[str, set[int]] = {}
+
+
+def llmkit_servers() -> set[int]:
+    pids = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"llmkit" in argv and b"serve" in argv:
+            pids.add(int(proc.name))
+    return pids
+
+
+def pytest_runtest_setup(item):
+    _before.setdefault(item.parent.nodeid, llmkit_servers())
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if nextitem is not None and nextitem.parent is item.parent:
+        return  # the notebook is not over yet
+    left = llmkit_servers() - _before.pop(item.parent.nodeid, set())
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"{item.parent.name} left {len(left)} server process(es) running: {sorted(left)}"
