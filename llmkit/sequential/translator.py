@@ -17,10 +17,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from llmkit.engine.request import Timings  # llama-server's timings; cache_n stays 0 here
 from llmkit.llama import Batch, Context, Model, Sampler, SamplingParams
 from llmkit.text import Detokenizer
 
@@ -31,17 +31,6 @@ PROMPT = "Translate the following text to {lang}. Output only the translation, n
 
 class PromptTooLong(ValueError):
     pass
-
-
-@dataclass
-class Timings:
-    """What the last translation cost (the names follow llama-server's ``timings``)."""
-
-    prompt_n: int = 0
-    prompt_ms: float = 0.0
-    predicted_n: int = 0
-    predicted_ms: float = 0.0
-    cache_n: int = 0  # always 0 here: the cache is cleared every request
 
 
 class Translator:
@@ -140,7 +129,7 @@ class Translator:
             sampler.close()
             batch.close()
             t2 = time.perf_counter()
-            self.last = Timings(len(prompt), (t1 - t0) * 1e3, n_out, (t2 - t1) * 1e3)
+            self.last = Timings(prompt_n=len(prompt), prompt_ms=(t1 - t0) * 1e3, predicted_n=n_out, predicted_ms=(t2 - t1) * 1e3)
             log.info(
                 "prompt %d tokens in %.0f ms (cache cleared, 0 reused) | generated %d tokens in %.0f ms",
                 len(prompt), (t1 - t0) * 1e3, n_out, (t2 - t1) * 1e3,
