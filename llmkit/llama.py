@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import llama_cpp as lc
+import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 log = logging.getLogger("llmkit.llama")
@@ -312,6 +313,11 @@ class Sampler:
     Order as llama-server's common_sampler: [grammar] -> penalties -> top_k ->
     top_p -> min_p -> temperature -> dist, or greedy when temperature <= 0.
     The chain owns its samplers: freeing the chain frees them all.
+
+    The grammar sampler stays out of the chain, as in common_sampler: llama.cpp
+    aborts the process when a grammar accepts a token it does not allow (which
+    ``llama_sampler_sample`` does when the grammar leaves no token at all), so
+    ``sample`` checks the token before the grammar accepts it.
     """
 
     live = 0  # chains not yet freed, across the process (tests count them to catch leaks)
@@ -319,7 +325,16 @@ class Sampler:
     def __init__(self, model: Model, params: SamplingParams):
         self.handle = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
         Sampler.live += 1
+        self.grammar = None
         try:
+            if params.grammar is not None:
+                self.grammar = lc.llama_sampler_init_grammar(model.vocab, params.grammar.encode(), b"root")
+                if not self.grammar:
+                    raise ValueError("the grammar does not parse (GBNF)")
+                self._data = (lc.llama_token_data * model.n_vocab)()  # candidates, refilled at each step
+                self._view = np.ctypeslib.as_array(self._data)
+                self._ids = np.arange(model.n_vocab, dtype=np.int32)
+                self._one = (lc.llama_token_data * 1)()
             for sampler in self._stages(model, params):
                 if not sampler:
                     raise ValueError("llama.cpp could not build a sampler stage")
@@ -330,11 +345,6 @@ class Sampler:
 
     @staticmethod
     def _stages(model: Model, p: SamplingParams):
-        if p.grammar is not None:
-            grammar = lc.llama_sampler_init_grammar(model.vocab, p.grammar.encode(), b"root")
-            if not grammar:
-                raise ValueError("the grammar does not parse (GBNF)")
-            yield grammar
         if p.ignore_eos:  # llama-server: a -inf logit bias on every end-of-generation token
             eog = model.eog_tokens
             biases = (lc.llama_logit_bias * len(eog))(*[lc.llama_logit_bias(t, float("-inf")) for t in eog])
@@ -355,9 +365,38 @@ class Sampler:
 
     def sample(self, ctx: Context, i: int) -> int:
         """Pick a token from the logits of batch output ``i`` and accept it into the chain."""
-        return lc.llama_sampler_sample(self.handle, ctx.handle, i)
+        if self.grammar is None:
+            return lc.llama_sampler_sample(self.handle, ctx.handle, i)
+        # common_sampler_sample: sample as if unconstrained and keep the token if the grammar
+        # allows it (one token to check, not the whole vocabulary); else mask, sample again.
+        logits = np.ctypeslib.as_array(ctx.logits(i))
+        token = self._apply(logits, grammar_first=False)
+        one = self._one
+        one[0].id, one[0].logit, one[0].p = token, 1.0, 0.0
+        lc.llama_sampler_apply(self.grammar, ctypes.byref(lc.llama_token_data_array(one, 1, -1, False)))
+        if one[0].logit == float("-inf"):
+            token = self._apply(logits, grammar_first=True)
+        lc.llama_sampler_accept(self.grammar, token)
+        lc.llama_sampler_accept(self.handle, token)
+        return token
+
+    def _apply(self, logits: np.ndarray, *, grammar_first: bool) -> int:
+        view = self._view
+        view["id"], view["logit"], view["p"] = self._ids, logits, 0.0
+        cur = lc.llama_token_data_array(self._data, len(view), -1, False)
+        if grammar_first:
+            lc.llama_sampler_apply(self.grammar, ctypes.byref(cur))
+            if not np.isfinite(view["logit"]).any():
+                raise ValueError("the grammar allows no token here")
+        lc.llama_sampler_apply(self.handle, ctypes.byref(cur))
+        if not 0 <= cur.selected < cur.size or cur.data[cur.selected].logit == float("-inf"):
+            raise ValueError("no token is left to sample: the grammar and the sampling settings exclude them all")
+        return cur.data[cur.selected].id
 
     def close(self) -> None:
+        if self.grammar:
+            lc.llama_sampler_free(self.grammar)
+            self.grammar = None
         if self.handle:
             lc.llama_sampler_free(self.handle)
             self.handle = None

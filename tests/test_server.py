@@ -334,7 +334,7 @@ def assert_error(r: httpx.Response, status: int, type_: str, *words: str) -> dic
         ({"messages": HELLO, "stop": 7}, "'stop'"),
         ({"messages": HELLO, "stream": "yes"}, "'stream'"),
         ({"messages": HELLO, "stream_options": {"include_usage": 1}}, "'stream_options.include_usage'"),
-        ({"messages": HELLO, "response_format": {"type": "json_object"}}, "'response_format.type'"),
+        ({"messages": HELLO, "response_format": {"type": "yaml"}}, "'response_format.type'"),
         ({"messages": [{"role": "robot", "content": "hi"}]}, "'messages.0.role'"),
         ({"messages": []}, "'messages'"),
         ({}, "'messages'"),
@@ -356,7 +356,7 @@ def test_bad_requests_are_400(server):
     assert_error(post(server, "/v1/completions", {"prompt": [1, 10**9]}), 400, "invalid_request_error", "'prompt'")
     assert_error(post(server, "/detokenize", {"tokens": [-1]}), 400, "invalid_request_error", "'tokens'")
     assert_error(post(server, "/v1/embeddings", {"input": ""}), 400, "invalid_request_error", "empty")
-    assert_error(post(server, "/v1/chat/completions", {"messages": HELLO, "grammar": "root ::= \"a\""}), 400, "invalid_request_error", "grammar")
+    assert_error(post(server, "/v1/chat/completions", {"messages": HELLO, "grammar": "root ::= \"a"}), 400, "invalid_request_error", "grammar")
 
 
 def test_prompt_longer_than_the_slot_context(server, client):

@@ -37,6 +37,7 @@ from starlette.concurrency import run_in_threadpool
 
 import llmkit
 from llmkit.engine import ContextSizeError, Engine
+from llmkit.engine.grammar import check_grammar
 from llmkit.llama import SamplingParams
 from llmkit.server import errors, metrics, sse
 from llmkit.server.embeddings import Embedder
@@ -237,10 +238,14 @@ def create_app(engine: Engine | Callable[[], Engine], settings: Settings | None 
         """Submit the prompt; answer with the whole completion, or stream it."""
         engine = the_engine()
         n_top = body.n_top_logprobs()
+        # a schema's conversion and a grammar's check are CPU work: off the event loop; bad ones are a 400 here
+        params = await off_loop(sampling_params, body, settings.sampling_defaults())
+        if params.grammar is not None:
+            await off_loop(check_grammar, params.grammar, engine.model)
         try:
             request = engine.submit(
                 prompt,
-                sampling_params(body, settings.sampling_defaults()),
+                params,
                 cache_prompt=body.cache_prompt,
                 id_slot=None if body.id_slot < 0 else body.id_slot,
                 n_probs=0 if n_top is None else max(n_top, 1),  # the engine computes logprobs only when n_probs > 0

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from llmkit.engine import grammar
 from llmkit.llama import SamplingParams
 from llmkit.server.errors import ApiError
 
@@ -46,10 +47,21 @@ class StreamOptions(ApiModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(ApiModel):
+    """OpenAI's ``response_format.json_schema``: the schema and its wrapper."""
+
+    name: str | None = None  # OpenAI requires it; llama-server (and this server) do not read it
+    description: str | None = None
+    schema_: dict | None = Field(None, alias="schema")
+    strict: bool = False
+
+
 class ResponseFormat(ApiModel):
-    # Structured output ("json_object", "json_schema") arrives with the grammar issue:
-    # widen this Literal and fill in ``grammar_of`` below.
-    type: Literal["text"]
+    """``{"type": "text"}``, ``{"type": "json_object"[, "schema": {...}]}`` or ``{"type": "json_schema", "json_schema": {...}}``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    schema_: dict | None = Field(None, alias="schema")  # llama-server's json_object with a schema
+    json_schema: JsonSchemaFormat | None = None
 
 
 class GenerationRequest(ApiModel):
@@ -156,11 +168,48 @@ class DetokenizeRequest(ApiModel):
 def grammar_of(body: GenerationRequest) -> str | None:
     """The one place a grammar comes from (``response_format``, ``json_schema``, ``grammar``).
 
-    Structured output is a later issue: for now only plain text is accepted.
+    As llama-server (server-common.cpp, server-schema.cpp): a JSON ``response_format``
+    or the top-level ``json_schema`` gives a schema, converted to GBNF here (cached);
+    ``grammar`` is GBNF as it is, which the app checks against the vocabulary
+    (``grammar.check_grammar``) before queueing the request. An empty schema means any
+    JSON object; an empty ``grammar`` counts as absent. Two constraints at once are a 400.
     """
-    if body.grammar is not None or body.json_schema is not None:
-        raise ApiError(400, "'grammar' and 'json_schema' are not supported yet")
-    return None
+    schema, field = body.json_schema, "json_schema"
+    gbnf = body.grammar or None
+    strict = False
+    if schema is not None and gbnf is not None:
+        raise ApiError(400, "Cannot use both 'json_schema' and 'grammar'")
+    fmt = body.response_format
+    if fmt is not None and fmt.type != "text":
+        if gbnf is not None:
+            raise ApiError(400, f"Cannot use both 'grammar' and 'response_format' of type {fmt.type!r}")
+        if fmt.type == "json_object":  # its own schema if it has one, else the top-level one, else any object
+            if fmt.schema_ is not None:
+                if schema is not None:
+                    raise ApiError(400, "Cannot use both 'json_schema' and 'response_format.schema'")
+                schema, field = fmt.schema_, "response_format.schema"
+            elif schema is None:
+                schema, field = {}, "response_format"
+        else:
+            if fmt.json_schema is None:
+                raise ApiError(400, "'response_format.json_schema' is required when 'response_format.type' is 'json_schema'")
+            if schema is not None:
+                raise ApiError(400, "Cannot use both 'json_schema' and 'response_format.json_schema'")
+            schema, field = fmt.json_schema.schema_ or {}, "response_format.json_schema.schema"
+            strict = fmt.json_schema.strict
+    if schema is None and gbnf is None:
+        return None
+    if body.ignore_eos:
+        raise ApiError(400, "'ignore_eos' cannot be used with a grammar or a schema: once the output is complete, the end is the only token left")
+    if gbnf is not None:
+        return gbnf
+    if strict and (unenforced := grammar.unenforced_keywords(schema)):
+        shown = ", ".join(unenforced[:8]) + (", ..." if len(unenforced) > 8 else "")
+        raise ApiError(400, f"'{field}': strict is true but the grammar cannot enforce: {shown} (remove them, or set strict to false)")
+    try:
+        return grammar.grammar_from_schema(schema)
+    except grammar.GrammarError as exc:
+        raise ApiError(400, f"'{field}': {exc}") from None
 
 
 def sampling_params(body: GenerationRequest, defaults: SamplingParams) -> SamplingParams:
