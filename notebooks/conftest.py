@@ -2,7 +2,8 @@
 
 ``llmkit.launch`` starts servers in their own session, so a server that a
 notebook forgets to stop outlives the notebook's kernel: we look for
-``llmkit serve`` processes that appeared while the notebook ran.
+``llmkit serve`` processes started by this run's kernels (children of a
+child of this pytest process) that are still there when the notebook ends.
 """
 
 from __future__ import annotations
@@ -14,14 +15,22 @@ from pathlib import Path
 _before: dict[str, set[int]] = {}
 
 
+def parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def llmkit_servers() -> set[int]:
+    """``llmkit serve`` processes whose grandparent is this pytest (kernel -> server)."""
     pids = set()
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"llmkit" in argv and b"serve" in argv:
+        if b"llmkit" in argv and b"serve" in argv and parent(parent(int(proc.name))) == os.getpid():
             pids.add(int(proc.name))
     return pids
 
