@@ -13,7 +13,7 @@ import re
 import sys
 
 STEP = re.compile(r"^\s*\[(\d+)/(\d+)\]")
-HEADLINE = re.compile(r"^(Collecting|Building wheel|Successfully|Installing collected|ERROR|error:)")
+HEADLINE = re.compile(r"^(Building wheel|Successfully installed|ERROR|error:)")
 
 
 def main() -> None:
