@@ -43,8 +43,9 @@ test: $(INSTALLED) browser
 lab: $(INSTALLED)
 	$(VENV)/bin/jupyter lab notebooks/
 
+# Add servers or options: make bench BENCH_ARGS="--url llama-server=http://127.0.0.1:8081"
 bench: $(INSTALLED)
-	$(VENV)/bin/llmkit bench
+	$(VENV)/bin/llmkit bench --soak 1000 $(BENCH_ARGS)
 
 serve-sequential: $(INSTALLED)
 	$(VENV)/bin/llmkit serve sequential --port $(PORT)
@@ -53,7 +54,7 @@ serve-slots: $(INSTALLED)
 	$(VENV)/bin/llmkit serve slots --port $(PORT)
 
 book: $(INSTALLED)
-	$(VENV)/bin/jupyter-book build book
+	$(VENV)/bin/jupyter-book build notebooks --config $(CURDIR)/book/_config.yml --toc $(CURDIR)/book/_toc.yml --path-output $(CURDIR)/book
 
 clean:
 	rm -rf $(VENV) build *.egg-info bench-results book/_build

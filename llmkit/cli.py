@@ -54,6 +54,19 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("text")
     tr.add_argument("--to", default="ja", help="target language (default ja)")
     tr.add_argument("--url", default="http://127.0.0.1:8080")
+
+    b = sub.add_parser("bench", help="benchmark the servers side by side (tokens/s, time to first token, targets)")
+    b.add_argument("--url", action="append", default=[], metavar="NAME=URL", help="also bench this OpenAI-compatible server (repeatable)")
+    b.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8], metavar="N", help="concurrent streams (default 1 2 4 8)")
+    b.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens per stream (default 128)")
+    b.add_argument("-t", "--threads", type=int, default=None, help="CPU threads of the servers started here and of the raw loop")
+    b.add_argument("-m", "--model", help="GGUF file (default: the embedded SmolLM2-135M-Instruct)")
+    b.add_argument("-o", "--out", default="bench-results", help="output folder (default bench-results/)")
+    b.add_argument("--skip", nargs="+", default=[], choices=["sequential", "slots", "raw", "prefix"], help="leave out a server or a scenario")
+    b.add_argument("--ctx-per-slot", type=int, default=1024, help="slot server context per slot (default 1024)")
+    b.add_argument("--prefix-tokens", type=int, default=800, help="shared prefix of the prefix-reuse scenario (default 800)")
+    b.add_argument("--cache-prompt", action="store_true", help="let servers reuse cached prompts in the concurrency levels")
+    b.add_argument("--soak", type=int, default=0, metavar="N", help="also N short requests to a 4 x 2048 slot server, RSS sampled")
     return parser
 
 
@@ -68,7 +81,8 @@ def serve_sequential(args: argparse.Namespace) -> None:
         path, n_ctx=args.ctx_size, temperature=args.temp, seed=args.seed, max_tokens=args.n_predict, n_threads=args.threads
     )
     logging.getLogger("llmkit").info("model %s loaded (%s)", path.name, translator.model.desc())
-    # uvicorn handles SIGINT/SIGTERM: it stops accepting, waits for running streams, then exits.
+    # uvicorn handles SIGINT/SIGTERM: it stops accepting connections, lets running streams
+    # finish (tests/test_sequential.py shows it), then exits.
     uvicorn.run(create_app(translator), host=args.host, port=args.port, log_config=None)
 
 
@@ -121,6 +135,32 @@ def translate(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from llmkit import bench as bench_
+
+    for noisy in ("httpx", "matplotlib", "llmkit.llama"):  # per-request lines, font cache, model load: the bars say enough
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    urls = dict(u.split("=", 1) if "=" in u else (u, u) for u in args.url)
+    cfg = bench_.Config(
+        concurrency=tuple(args.concurrency), max_tokens=args.max_tokens, threads=args.threads, model=args.model, urls=urls,
+        out=Path(args.out), skip=frozenset(args.skip), ctx_per_slot=args.ctx_per_slot, prefix_tokens=args.prefix_tokens,
+        cache_prompt=args.cache_prompt, soak=args.soak,
+    )  # fmt: skip
+    try:
+        results = bench_.run(cfg)
+    except (bench_.BenchError, RuntimeError) as exc:
+        print(f"llmkit bench: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # the servers it started are stopped on the way out
+        print("llmkit bench: interrupted", file=sys.stderr)
+        return 130
+    print(results.markdown)
+    print(f"written: {results.table_path}, {results.plot_path}, {results.table_path.with_name('results.json')}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
@@ -131,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
             return serve_slots(args)
         elif args.command == "translate":
             return translate(args)
+        elif args.command == "bench":
+            return bench(args)
     except models.ModelFileError as exc:
         print(f"llmkit: error: {exc}", file=sys.stderr)
         return 2

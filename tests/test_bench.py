@@ -1,0 +1,65 @@
+"""``llmkit bench`` at tiny scale: the whole pipeline runs and writes its table and plot (no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+
+from llmkit import bench
+from llmkit.cli import build_parser
+
+SERVERS = (bench.RAW, "sequential", "slots")
+COLUMNS = ["server", "streams", "tokens", "wall s", "aggregate tok/s", "TTFT median ms", "TTFT p90 ms",
+           "per-stream tok/s", "busy slots/decode", "Python share of step"]  # fmt: skip
+
+
+def markdown_table(text: str, header_start: str) -> list[list[str]]:
+    """The rows (header first, separator dropped) of the markdown table whose header starts with ``header_start``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        if not line.startswith("|---"):
+            rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_bench_tiny_run(tmp_path):
+    cfg = bench.Config(concurrency=(1, 2), max_tokens=8, threads=1, out=tmp_path, prefix_tokens=60, soak=6, soak_every=3)
+    results = bench.run(cfg)
+
+    assert {(r.server, r.concurrency) for r in results.rows} == {(s, c) for s in SERVERS for c in (1, 2)}
+    for r in results.rows:
+        assert r.tokens > 0 and r.tokens_per_s > 0, r
+        if r.server == "slots":  # ignore_eos: exactly max_tokens per stream
+            assert r.tokens == 8 * r.concurrency and r.ttft_median_ms > 0 and r.busy_slots_per_decode >= 1
+        if r.server == "sequential":  # started with -n 8: at most 8 per stream
+            assert r.tokens <= 8 * r.concurrency
+
+    # the markdown table, printed and saved: every row and column
+    saved = results.table_path.read_text()
+    assert saved == results.markdown
+    table = markdown_table(saved, "| server | streams")
+    assert table[0] == COLUMNS
+    assert [(row[0], int(row[1])) for row in table[1:]] == [(s, c) for s in SERVERS for c in (1, 2)]
+    assert all(len(row) == len(COLUMNS) for row in table)
+
+    prefix = markdown_table(saved, "| server | cold TTFT")
+    assert [row[0] for row in prefix[1:]] == ["sequential", "slots"]
+    assert "## Soak (memory)" in saved and results.soak["requests"] == 6 and len(results.soak["samples"]) == 3
+
+    targets = markdown_table(saved, "| target |")
+    assert len(targets) == 1 + 5 and all(row[2] in ("PASS", "FAIL", "n/a") for row in targets[1:])
+
+    assert results.plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert len(data["rows"]) == 6 and data["config"]["max_tokens"] == 8
+
+
+def test_bench_command_line():
+    args = build_parser().parse_args(
+        ["bench", "--url", "llama-server=http://127.0.0.1:8081", "--concurrency", "1", "4", "--skip", "sequential", "--soak", "1000"]
+    )
+    assert args.url == ["llama-server=http://127.0.0.1:8081"] and args.concurrency == [1, 4]
+    assert args.skip == ["sequential"] and args.soak == 1000 and args.max_tokens == 128 and args.out == "bench-results"
