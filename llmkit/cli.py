@@ -136,10 +136,13 @@ def translate(args: argparse.Namespace) -> int:
 
 
 def bench(args: argparse.Namespace) -> int:
+    import signal
     from pathlib import Path
 
     from llmkit import bench as bench_
 
+    # SIGTERM unwinds like Ctrl-C, so the servers the bench started are stopped too (else they outlive it).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     for noisy in ("httpx", "matplotlib", "llmkit.llama"):  # per-request lines, font cache, model load: the bars say enough
         logging.getLogger(noisy).setLevel(logging.WARNING)
     urls = dict(u.split("=", 1) if "=" in u else (u, u) for u in args.url)
