@@ -29,6 +29,9 @@ COUNTERS = {  # counter name -> its help text (the same words as llama-server's)
     "tokens_predicted_total": "Number of generation tokens processed",
     "tokens_predicted_seconds_total": "Total time spent generating tokens",
     "n_decode_total": "Total number of llama_decode() calls",
+    # llmkit's own (not in llama-server): their ratio is Python's share of each engine step
+    "decode_seconds_total": "Time spent inside llama_decode()",
+    "step_seconds_total": "Time spent in engine steps (llama_decode + Python)",
 }
 
 
