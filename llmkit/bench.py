@@ -174,8 +174,6 @@ class Row:
     stream_tokens_per_s: float | None = None
     busy_slots_per_decode: float | None = None
     python_share: float | None = None
-    python_share_estimated: bool = False
-    decode_s_per_step: float | None = None  # raw loop only: time inside llama_decode per step
 
 
 async def scrape(client: httpx.AsyncClient, server: Server) -> dict[str, float] | None:
@@ -191,7 +189,7 @@ async def scrape(client: httpx.AsyncClient, server: Server) -> dict[str, float] 
     return None
 
 
-async def one_level(client: httpx.AsyncClient, server: Server, n: int, cfg: Config, bar: tqdm, raw: dict[int, Row]) -> Row:
+async def one_level(client: httpx.AsyncClient, server: Server, n: int, cfg: Config, bar: tqdm) -> Row:
     """``n`` clients, one streamed request each, all sent at once."""
     requests = [server.request(TEXTS[i % len(TEXTS)], cfg.max_tokens, cache_prompt=cfg.cache_prompt) for i in range(n)]
     before = await scrape(client, server)
@@ -213,11 +211,11 @@ async def one_level(client: httpx.AsyncClient, server: Server, n: int, cfg: Conf
     )  # fmt: skip
     after = await scrape(client, server)
     if before is not None and after is not None:
-        add_step_metrics(row, server, before, after, raw)
+        add_step_metrics(row, before, after)
     return row
 
 
-def add_step_metrics(row: Row, server: Server, before: dict, after: dict, raw: dict[int, Row]) -> None:
+def add_step_metrics(row: Row, before: dict, after: dict) -> None:
     """Busy slots per decode and Python's share of step time, from two /metrics scrapes."""
     P = "llamacpp:"
     n0, n1 = before.get(P + "n_decode_total", 0), after.get(P + "n_decode_total", 0)
@@ -225,27 +223,16 @@ def add_step_metrics(row: Row, server: Server, before: dict, after: dict, raw: d
     if busy1 is not None and n1 > n0:
         # the gauge is an average since start (ours and llama-server's): difference the sums
         row.busy_slots_per_decode = (busy1 * n1 - (busy0 or 0) * n0) / (n1 - n0)
-    if P + "decode_seconds_total" in after and P + "step_seconds_total" in after:  # exact, if the server exports them
+    if P + "decode_seconds_total" in after and P + "step_seconds_total" in after:  # llmkit's own metrics
         decode = after[P + "decode_seconds_total"] - before.get(P + "decode_seconds_total", 0)
         step = after[P + "step_seconds_total"] - before.get(P + "step_seconds_total", 0)
         row.python_share = 1 - decode / step if step > 0 else None
-        return
-    # Estimate: a stream gets one token per step, so a request's generation time per token
-    # is the server's step time; compare it with the raw loop's llama_decode time per step
-    # at the same batch size.
-    reference = raw.get(row.concurrency)
-    sec = after.get(P + "tokens_predicted_seconds_total", 0) - before.get(P + "tokens_predicted_seconds_total", 0)
-    steps = after.get(P + "tokens_predicted_total", 0) - before.get(P + "tokens_predicted_total", 0) - row.concurrency
-    if reference is not None and reference.decode_s_per_step and sec > 0 and steps > 0:
-        row.python_share = max(0.0, 1 - reference.decode_s_per_step / (sec / steps))
-        row.python_share_estimated = True
 
 
 async def all_levels(servers: list[Server], raw: RawDecoder | None, cfg: Config) -> list[Row]:
     """Level by level, every server in turn (the raw loop first), so that a machine whose load
     drifts during the run treats them alike; one warm-up request per server first."""
     rows: list[Row] = []
-    by_n: dict[int, Row] = {}
     async with http_client(max(cfg.concurrency)) as client:
         for server in servers:  # first-request costs are not measured
             path, body = server.request(TEXTS[0], 4)
@@ -254,11 +241,11 @@ async def all_levels(servers: list[Server], raw: RawDecoder | None, cfg: Config)
             for n in cfg.concurrency:
                 if raw is not None:
                     bar.set_postfix_str(f"{RAW} x{n}")
-                    rows.append(by_n.setdefault(n, raw(n)))
+                    rows.append(raw(n))
                     bar.update(n)
                 for server in servers:
                     bar.set_postfix_str(f"{server.name} x{n}")
-                    rows.append(await one_level(client, server, n, cfg, bar, by_n))
+                    rows.append(await one_level(client, server, n, cfg, bar))
     order = {RAW: -1} | {s.name: i for i, s in enumerate(servers)}
     return sorted(rows, key=lambda r: (order[r.server], r.concurrency))
 
@@ -275,9 +262,10 @@ class RawDecoder:
     """``raw(n)``: prefill the bench's prompts for n sequences, then decode max_tokens - 1 steps of n tokens.
 
     Same context shape as the slot server (``max(concurrency)`` sequences of
-    ``ctx_per_slot`` tokens, one KV stream each) and the same prompts. tokens/s is
-    the decode rate (prefill not counted): the "engine limit" of the targets; the
-    TTFT columns hold the prefill time of the n prompts (one batch).
+    ``ctx_per_slot`` tokens, one KV stream each), the same prompts and token counts,
+    so its row reads like a server's: wall time from the start of the prefill to
+    the last token, TTFT = the prefill of the n prompts (one batch), per-stream
+    tok/s = the decode phase alone. That is the "engine limit" of the targets.
     """
 
     def __init__(self, cfg: Config):
@@ -320,8 +308,9 @@ class RawDecoder:
         finally:
             for s in samplers:
                 s.close()
-        row = Row(RAW, n, n * steps, step_s, n * steps / step_s, prefill_ms, prefill_ms, steps / step_s, busy_slots_per_decode=n)
-        row.python_share, row.decode_s_per_step = 1 - decode_s / step_s, decode_s / steps
+        seconds = prefill_ms / 1e3 + step_s
+        row = Row(RAW, n, n * (steps + 1), seconds, n * (steps + 1) / seconds, prefill_ms, prefill_ms, steps / step_s, busy_slots_per_decode=n)
+        row.python_share = 1 - decode_s / step_s
         return row
 
     def close(self) -> None:
@@ -425,7 +414,6 @@ def table(rows: list[Row]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
         share = fmt(None if r.python_share is None else 100 * r.python_share, ".1f", " %")
-        share += " (est.)" if r.python_share_estimated else ""
         lines.append(
             f"| {r.server} | {r.concurrency} | {r.tokens} | {r.seconds:.2f} | {r.tokens_per_s:.1f} | {fmt(r.ttft_median_ms)} | "
             f"{fmt(r.ttft_p90_ms)} | {fmt(r.stream_tokens_per_s, '.1f')} | {fmt(r.busy_slots_per_decode, '.2f')} | {share} |"
@@ -494,21 +482,19 @@ def judge(rows: list[Row], prefix: list[dict], soaked: dict | None, cfg: Config)
             out.append((target, shown + note, "PASS" if ok(ratio) else "FAIL"))
 
     r = slots.tokens_per_s / seq.tokens_per_s if slots and seq else None
-    check(f"slots aggregate tok/s >= 2.0x sequential ({n} streams)", r, lambda x: x >= 2.0, f"{r or 0:.2f}x")
-    r = slots.tokens_per_s / raw.tokens_per_s if slots and raw else None
     note = ""
-    if slots and raw:  # the server's wall time also holds the prompts' prefill; the raw decode rate does not
-        e2e = n * cfg.max_tokens / (raw.seconds + raw.ttft_median_ms / 1e3)
-        note = f" (vs the raw loop with its prefill counted, {e2e:.0f} tok/s: {100 * slots.tokens_per_s / e2e:.0f} %)"
-    target = f"slots aggregate tok/s >= 90 % of raw batched decode ({n} sequences)"
+    if raw and (raw1 := at.get((RAW, 1))):  # the most batching can give on this machine, these prompts
+        note = f" (headroom here: raw loop {n} sequences / 1 = {raw.tokens_per_s / raw1.tokens_per_s:.2f}x)"
+    check(f"slots aggregate tok/s >= 2.0x sequential ({n} streams)", r, lambda x: x >= 2.0, f"{r or 0:.2f}x", note)
+    r = slots.tokens_per_s / raw.tokens_per_s if slots and raw else None
+    target = f"slots aggregate tok/s >= 90 % of raw batched decode, same prompts and tokens ({n} sequences)"
+    note = ""
+    if slots and raw and slots.stream_tokens_per_s:  # the decode phase alone, prompts read
+        note = f" (decode phase alone, per stream: {100 * slots.stream_tokens_per_s / raw.stream_tokens_per_s:.0f} %)"
     check(target, r, lambda x: x >= 0.9, f"{100 * (r or 0):.0f} %", note)
     target = f"Python share of slot-server step time < 5 % ({n} streams)"
-    if slots and slots.python_share_estimated:  # too rough to judge: say what the server should export
-        estimate = f"~{100 * slots.python_share:.0f} % (estimate; needs decode/step seconds in /metrics)"
-        out.append((target, estimate, "n/a"))
-    else:
-        share = slots.python_share if slots else None
-        check(target, share, lambda x: x < 0.05, f"{100 * (share or 0):.1f} %")
+    share = slots.python_share if slots else None
+    check(target, share, lambda x: x < 0.05, f"{100 * (share or 0):.1f} %")
     p = next((p for p in prefix if p["server"] == "slots"), None)
     r = p["speedup"] if p else None
     check("slots prefix reuse: cold TTFT / warm TTFT >= 20x", r, lambda x: x >= 20, f"{r or 0:.1f}x")

@@ -34,6 +34,8 @@ def test_bench_tiny_run(tmp_path):
         assert r.tokens > 0 and r.tokens_per_s > 0, r
         if r.server == "slots":  # ignore_eos: exactly max_tokens per stream
             assert r.tokens == 8 * r.concurrency and r.ttft_median_ms > 0 and r.busy_slots_per_decode >= 1
+        if r.server == bench.RAW:  # the same work as a server's row: prefill counted in the wall time
+            assert r.tokens == 8 * r.concurrency and r.seconds * 1e3 > r.ttft_median_ms > 0
         if r.server == "sequential":  # started with -n 8: at most 8 per stream
             assert r.tokens <= 8 * r.concurrency
 
