@@ -259,22 +259,23 @@ def http_client(connections: int) -> httpx.AsyncClient:
 
 
 class RawDecoder:
-    """``raw(n)``: prefill the bench's prompts for n sequences, then decode max_tokens - 1 steps of n tokens.
+    """``raw(n)``: prefill n translation prompts, then decode max_tokens - 1 steps of n tokens.
 
     Same context shape as the slot server (``max(concurrency)`` sequences of
     ``ctx_per_slot`` tokens, one KV stream each), the same prompts and token counts,
     so its row reads like a server's: wall time from the start of the prefill to
     the last token, TTFT = the prefill of the n prompts (one batch), per-stream
     tok/s = the decode phase alone. That is the "engine limit" of the targets.
+    ``texts`` (default: the bench's) are wrapped in the sequential server's prompt.
     """
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, texts: list[str] = TEXTS):
         from llmkit.llama import Batch, Context, Model
 
         self.cfg, n_max = cfg, max(cfg.concurrency)
         self.model = Model(models.resolve_model(cfg.model))
         self.ctx = Context(self.model, n_ctx=n_max * cfg.ctx_per_slot, n_batch=2048, n_seq_max=n_max, n_threads=cfg.threads)
-        chats = [[{"role": "user", "content": chat_prompt(TEXTS[i % len(TEXTS)])}] for i in range(n_max)]
+        chats = [[{"role": "user", "content": chat_prompt(texts[i % len(texts)])}] for i in range(n_max)]
         self.prompts = [self.model.tokenize_chat(chat) for chat in chats]
         self.batch = Batch(max(2048, sum(map(len, self.prompts))))
 
