@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 from httpx_sse import EventSource
@@ -56,7 +57,10 @@ class StreamResult:
         return usage.get("completion_tokens", len(self.pieces))
 
 
-def _stream(url: str, body: dict, piece_of: Callable[[Any], str | None], headers: dict | None = None) -> StreamResult:
+OnPiece = Callable[[str], None]  # called with each piece as it arrives (a widget, a progress bar)
+
+
+def _stream(url: str, body: dict, piece_of: Callable[[Any], str | None], headers: dict | None = None, on_piece: OnPiece | None = None) -> StreamResult:
     result = StreamResult(status=0)
     with httpx.Client(timeout=TIMEOUT) as client:
         result.t_sent = time.perf_counter()
@@ -80,13 +84,15 @@ def _stream(url: str, body: dict, piece_of: Callable[[Any], str | None], headers
                 if piece:
                     result.pieces.append(piece)
                     result.times.append(time.perf_counter() - result.t_sent)
+                    if on_piece is not None:
+                        on_piece(piece)
     result.t_done = time.perf_counter()
     return result
 
 
-def stream_translation(url: str, text: str, target_lang: str = "ja") -> StreamResult:
+def stream_translation(url: str, text: str, target_lang: str = "ja", *, on_piece: OnPiece | None = None) -> StreamResult:
     """POST /translate/stream on the sequential server: every event is one token as a JSON string."""
-    return _stream(f"{url}/translate/stream", {"text": text, "target_lang": target_lang}, lambda data: data)
+    return _stream(f"{url}/translate/stream", {"text": text, "target_lang": target_lang}, lambda data: data, on_piece=on_piece)
 
 
 def _delta(chunk: dict) -> str | None:

@@ -5,8 +5,8 @@
     t                            # shows: text box, language menu, button, output
     t.translate("Good morning", "French")   # the same, without a browser
 
-The widget reads ``POST /translate/stream`` with httpx-sse and appends each
-token to the output as it arrives, like the web UI does with fetch. The
+The widget reads ``POST /translate/stream`` with ``client.stream_translation``
+and appends each token to the output as it arrives, like the web UI does with fetch. The
 button runs the translation in a background thread, so the kernel stays free
 while tokens arrive; ``translate()`` runs in the caller's thread and returns
 the whole text (what tests and notebook cells call).
@@ -15,15 +15,12 @@ the whole text (what tests and notebook cells call).
 from __future__ import annotations
 
 import html
-import json
 import threading
-import time
 
 import httpx
 import ipywidgets as w
-from httpx_sse import EventSource
 
-from llmkit.client import TIMEOUT
+from llmkit.client import stream_translation
 
 # SmolLM2-135M follows a language name far better than a code ("fr", "ja").
 LANGUAGES = ("French", "Japanese", "Spanish", "German", "Chinese", "Korean", "English")
@@ -64,32 +61,24 @@ class Translator(w.VBox):
             self.button.disabled = True
             self.status.value = "translating..."
             self._show("")
-            t0, first = time.perf_counter(), None
-            body = {"text": self.input.value, "target_lang": self.language.value}
+            result = None
+
+            def show(piece: str) -> None:
+                self.pieces.append(piece)
+                self._show(self.text)
+
             try:
-                with httpx.stream("POST", f"{self.url}/translate/stream", json=body, timeout=TIMEOUT) as response:
-                    if response.status_code != 200:
-                        response.read()
-                        self.error = response.json().get("error", response.text)
-                    else:
-                        for event in EventSource(response).iter_sse():
-                            if event.data == "[DONE]":
-                                break
-                            data = json.loads(event.data)
-                            if isinstance(data, dict):  # {"error": "..."}: the stream failed mid-way
-                                self.error = str(data.get("error"))
-                                break
-                            first = first or time.perf_counter() - t0
-                            self.pieces.append(data)
-                            self._show(self.text)
+                result = stream_translation(self.url, self.input.value, self.language.value, on_piece=show)
+                if result.error is not None:  # a 4xx/5xx body, or an error event mid-stream
+                    error = result.error
+                    self.error = str(error.get("error", error) if isinstance(error, dict) else error)
             except httpx.HTTPError as exc:
                 self.error = f"{type(exc).__name__}: {exc}"
             finally:
                 self.button.disabled = False
-            seconds = time.perf_counter() - t0
             if self.error:
                 self._show(f"{self.text}\nError: {self.error}", "crimson")
-                self.status.value = f"error after {seconds:.2f} s"
+                self.status.value = f"error after {result.seconds:.2f} s" if result else "error"
             else:
-                self.status.value = f"{len(self.pieces)} pieces in {seconds:.2f} s, first after {first or 0:.2f} s"
+                self.status.value = f"{len(self.pieces)} pieces in {result.seconds:.2f} s, first after {result.ttft:.2f} s"
             return self.text

@@ -350,6 +350,9 @@ def test_bad_requests_are_400(server):
     headers = {"content-type": "application/json"}
     assert_error(httpx.post(url, content=b'{"messages": [', headers=headers), 400, "invalid_request_error", "Invalid JSON")
     assert_error(httpx.post(url, content=b"", headers=headers), 400, "invalid_request_error")
+    form = {"content-type": "application/x-www-form-urlencoded"}  # what curl -d sends without -H
+    error = assert_error(httpx.post(url, content=b'{"messages": []}', headers=form), 400, "invalid_request_error")
+    assert error["message"] == "Invalid request: 'body': must be a JSON object, sent with Content-Type: application/json"
     assert_error(post(server, "/v1/chat/completions", {"messages": HELLO, "id_slot": 9}), 400, "invalid_request_error", "id_slot")
     lone_surrogate = httpx.post(f"{server.url}/v1/completions", content=rb'{"prompt": "\ud800"}', headers=headers)
     assert_error(lone_surrogate, 400, "invalid_request_error", "Unicode")

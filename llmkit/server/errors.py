@@ -75,7 +75,11 @@ def describe_validation_errors(errors: list[dict]) -> str:
         while all(len(loc) > n and loc[n] == locs[0][n] for loc in locs):
             n += 1
         field = ".".join(map(str, locs[0][:n])) or "body"
-        parts.append(f"'{field}': {group[0]['msg']}")
+        if field == "body" and group[0]["type"] in ("model_attributes_type", "dict_type"):
+            # a JSON array or string, or a body FastAPI did not parse (say, curl -d without -H)
+            parts.append("'body': must be a JSON object, sent with Content-Type: application/json")
+        else:
+            parts.append(f"'{field}': {group[0]['msg']}")
     return "Invalid request: " + "; ".join(parts)
 
 
