@@ -74,6 +74,7 @@ class Config:
     prefix_tokens: int = 800
     cache_prompt: bool = False  # let servers reuse cached prompts in the concurrency levels
     soak: int = 0  # requests in the soak test (0: no soak)
+    rounds: int = 1  # runs of each concurrency level per server; the median run is reported
     soak_every: int = 100
 
 
@@ -231,23 +232,27 @@ def add_step_metrics(row: Row, before: dict, after: dict) -> None:
 
 async def all_levels(servers: list[Server], raw: RawDecoder | None, cfg: Config) -> list[Row]:
     """Level by level, every server in turn (the raw loop first), so that a machine whose load
-    drifts during the run treats them alike; one warm-up request per server first."""
-    rows: list[Row] = []
+    drifts during the run treats them alike; one warm-up request per server first. With several
+    rounds, the servers' order rotates each round and each row is the round with the median tok/s."""
+    runs: dict[tuple[str, int], list[Row]] = {}
     async with http_client(max(cfg.concurrency)) as client:
         for server in servers:  # first-request costs are not measured
             path, body = server.request(TEXTS[0], 4)
             await one_stream(client, server, path, body)
-        with tqdm(total=(len(servers) + bool(raw)) * sum(cfg.concurrency), desc="streams", unit="stream") as bar:
+        total = cfg.rounds * (len(servers) + bool(raw)) * sum(cfg.concurrency)
+        with tqdm(total=total, desc="streams", unit="stream") as bar:
             for n in cfg.concurrency:
-                if raw is not None:
-                    bar.set_postfix_str(f"{RAW} x{n}")
-                    rows.append(raw(n))
-                    bar.update(n)
-                for server in servers:
-                    bar.set_postfix_str(f"{server.name} x{n}")
-                    rows.append(await one_level(client, server, n, cfg, bar))
+                for r in range(cfg.rounds):
+                    if raw is not None:
+                        bar.set_postfix_str(f"{RAW} x{n}")
+                        runs.setdefault((RAW, n), []).append(raw(n))
+                        bar.update(n)
+                    for server in servers[r % len(servers) :] + servers[: r % len(servers)]:
+                        bar.set_postfix_str(f"{server.name} x{n}")
+                        runs.setdefault((server.name, n), []).append(await one_level(client, server, n, cfg, bar))
     order = {RAW: -1} | {s.name: i for i, s in enumerate(servers)}
-    return sorted(rows, key=lambda r: (order[r.server], r.concurrency))
+    medians = [sorted(rows, key=lambda row: row.tokens_per_s)[len(rows) // 2] for rows in runs.values()]
+    return sorted(medians, key=lambda row: (order[row.server], row.concurrency))
 
 
 def http_client(connections: int) -> httpx.AsyncClient:
@@ -569,7 +574,8 @@ def run(cfg: Config) -> Results:
     plot_path, table_path = cfg.out / "bench.png", cfg.out / "results.md"
     plot(rows, plot_path)
     parts = [
-        f"# llmkit bench: {max(cfg.concurrency)} streams max, {cfg.max_tokens} tokens each, threads {cfg.threads or os.cpu_count()}",
+        f"# llmkit bench: {max(cfg.concurrency)} streams max, {cfg.max_tokens} tokens each, threads {cfg.threads or os.cpu_count()}, "
+        f"median of {cfg.rounds} round{'s' * (cfg.rounds > 1)}",
         "## Throughput and latency\n\n" + table(rows),
     ]
     if prefix:

@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prefix-tokens", type=int, default=800, help="shared prefix of the prefix-reuse scenario (default 800)")
     b.add_argument("--cache-prompt", action="store_true", help="let servers reuse cached prompts in the concurrency levels")
     b.add_argument("--soak", type=int, default=0, metavar="N", help="also N short requests to a 4 x 2048 slot server, RSS sampled")
+    b.add_argument("--rounds", type=int, default=1, metavar="R", help="run every level R times (servers in rotating order), report the median run")
     return parser
 
 
@@ -149,7 +150,7 @@ def bench(args: argparse.Namespace) -> int:
     cfg = bench_.Config(
         concurrency=tuple(args.concurrency), max_tokens=args.max_tokens, threads=args.threads, model=args.model, urls=urls,
         out=Path(args.out), skip=frozenset(args.skip), ctx_per_slot=args.ctx_per_slot, prefix_tokens=args.prefix_tokens,
-        cache_prompt=args.cache_prompt, soak=args.soak,
+        cache_prompt=args.cache_prompt, soak=args.soak, rounds=args.rounds,
     )  # fmt: skip
     try:
         results = bench_.run(cfg)

@@ -26,7 +26,7 @@ def markdown_table(text: str, header_start: str) -> list[list[str]]:
 
 
 def test_bench_tiny_run(tmp_path):
-    cfg = bench.Config(concurrency=(1, 2), max_tokens=8, threads=1, out=tmp_path, prefix_tokens=60, soak=6, soak_every=3)
+    cfg = bench.Config(concurrency=(1, 2), max_tokens=8, threads=1, out=tmp_path, prefix_tokens=60, soak=6, soak_every=3, rounds=2)
     results = bench.run(cfg)
 
     assert {(r.server, r.concurrency) for r in results.rows} == {(s, c) for s in SERVERS for c in (1, 2)}
@@ -41,7 +41,7 @@ def test_bench_tiny_run(tmp_path):
 
     # the markdown table, printed and saved: every row and column
     saved = results.table_path.read_text()
-    assert saved == results.markdown
+    assert saved == results.markdown and "median of 2 rounds" in saved.splitlines()[0]
     table = markdown_table(saved, "| server | streams")
     assert table[0] == COLUMNS
     assert [(row[0], int(row[1])) for row in table[1:]] == [(s, c) for s in SERVERS for c in (1, 2)]
@@ -61,7 +61,8 @@ def test_bench_tiny_run(tmp_path):
 
 def test_bench_command_line():
     args = build_parser().parse_args(
-        ["bench", "--url", "llama-server=http://127.0.0.1:8081", "--concurrency", "1", "4", "--skip", "sequential", "--soak", "1000"]
+        ["bench", "--url", "llama-server=http://127.0.0.1:8081", "--concurrency", "1", "4", "--skip", "sequential", "--soak", "1000", "--rounds", "3"]
     )
+    assert args.rounds == 3
     assert args.url == ["llama-server=http://127.0.0.1:8081"] and args.concurrency == [1, 4]
     assert args.skip == ["sequential"] and args.soak == 1000 and args.max_tokens == 128 and args.out == "bench-results"
