@@ -40,8 +40,9 @@ browser:
 test: $(INSTALLED) browser
 	$(PY) -m pytest tests notebooks/en notebooks/ja --nbval-lax -p no:cacheprovider $(PYTEST_ARGS)
 
+# Root (containers, CI machines) needs --allow-root; LAB_ARGS passes anything else (--no-browser --port 8890).
 lab: $(INSTALLED)
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 # Add servers or options: make bench BENCH_ARGS="--url llama-server=http://127.0.0.1:8081"
 bench: $(INSTALLED)
