@@ -247,7 +247,8 @@ async def all_levels(servers: list[Server], raw: RawDecoder | None, cfg: Config)
                         bar.set_postfix_str(f"{RAW} x{n}")
                         runs.setdefault((RAW, n), []).append(raw(n))
                         bar.update(n)
-                    for server in servers[r % len(servers) :] + servers[: r % len(servers)]:
+                    shift = r % len(servers) if servers else 0  # rotate: nobody always goes last
+                    for server in servers[shift:] + servers[:shift]:
                         bar.set_postfix_str(f"{server.name} x{n}")
                         runs.setdefault((server.name, n), []).append(await one_level(client, server, n, cfg, bar))
     order = {RAW: -1} | {s.name: i for i, s in enumerate(servers)}
