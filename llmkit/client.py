@@ -35,7 +35,7 @@ class StreamResult:
     t_sent: float = 0.0  # time.perf_counter() when the request was sent (to line up several streams)
     t_done: float = 0.0
     final: dict | None = None  # the last JSON event: finish_reason, usage, timings (OpenAI streams)
-    error: Any = None  # an error event, or the error body of a non-200 answer
+    error: Any = None  # the "error" of an error event or of a non-200 answer's body
 
     @property
     def text(self) -> str:
@@ -68,7 +68,8 @@ def _stream(url: str, body: dict, piece_of: Callable[[Any], str | None], headers
             result.status = response.status_code
             if response.status_code != 200:
                 response.read()
-                result.error = response.json()
+                body = response.json()
+                result.error = body.get("error", body) if isinstance(body, dict) else body
                 result.t_done = time.perf_counter()
                 return result
             for event in EventSource(response).iter_sse():

@@ -69,9 +69,8 @@ class Translator(w.VBox):
 
             try:
                 result = stream_translation(self.url, self.input.value, self.language.value, on_piece=show)
-                if result.error is not None:  # a 4xx/5xx body, or an error event mid-stream
-                    error = result.error
-                    self.error = str(error.get("error", error) if isinstance(error, dict) else error)
+                if result.error is not None:  # a 4xx/5xx answer, or an error event mid-stream
+                    self.error = str(result.error)
             except httpx.HTTPError as exc:
                 self.error = f"{type(exc).__name__}: {exc}"
             finally:
