@@ -230,10 +230,10 @@ class Engine:
             request.t_first = time.perf_counter()
             request.timings.prompt_ms = (request.t_first - request.t_start) * 1e3
         if params.max_tokens == 0:  # prompt only (llama-server's n_predict = 0)
-            self._finish(slot, "length")
+            self._finish(slot, "length", stop_type="limit")
             return
         if self.model.is_eog(token):
-            self._finish(slot, "stop")
+            self._finish(slot, "stop", stop_type="eos")
             return
         request.output.append(token)
         slot.last_token = token
@@ -242,9 +242,16 @@ class Engine:
             slot.pending_logprobs.append(logprobs)
         self._deliver(slot, slot.stops.push(slot.detok.push(token)))
         if slot.stops.stopped:
-            self._finish(slot, "stop")
+            request.stopping_word = self._stopping_word(request)
+            self._finish(slot, "stop", stop_type="word")
         elif len(request.output) == params.max_tokens or slot.n_past >= slot.n_ctx:
-            self._finish(slot, "length")
+            request.truncated = slot.n_past >= slot.n_ctx
+            self._finish(slot, "length", stop_type="limit")
+
+    def _stopping_word(self, request: Request) -> str:
+        """The stop string that matched: the first (in the request's order) the text after the sent text starts with."""
+        rest = self.model.detokenize(request.output)[len(request.text) :]
+        return next((s for s in request.params.stop if s and rest.startswith(s)), "")
 
     def _deliver(self, slot: Slot, text: str) -> None:
         """Send text with the tokens (and logprobs) it came from; held-back tokens wait for their text."""
@@ -252,9 +259,10 @@ class Engine:
             slot.request.emit(Piece(text, slot.pending_tokens, slot.pending_logprobs))
             slot.pending_tokens, slot.pending_logprobs = [], []
 
-    def _finish(self, slot: Slot, reason: str | None, error: BaseException | None = None, *, keep_cache: bool = True) -> None:
+    def _finish(self, slot: Slot, reason: str | None, error: BaseException | None = None, *, keep_cache: bool = True, stop_type: str = "none") -> None:
         """End the slot's request: flush held-back text, record timings, free the slot."""
         request = slot.request
+        request.stop_type, request.n_cached = stop_type, slot.n_past
         if error is None and reason != "cancelled" and not slot.stops.stopped:
             self._deliver(slot, slot.stops.push(slot.detok.flush()) + slot.stops.flush())
         now = time.perf_counter()

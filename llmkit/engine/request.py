@@ -120,6 +120,11 @@ class Request:
         self.output: list[int] = []
         self.text_parts: list[str] = []
         self.finish_reason: str | None = None  # "stop" | "length" | "cancelled"
+        # why it stopped, in llama-server's terms (its native /completion answer reports them)
+        self.stop_type = "none"  # "eos" | "word" (a stop string) | "limit" (max_tokens or a full context)
+        self.stopping_word = ""  # the stop string that ended it
+        self.truncated = False  # it filled its slot's context
+        self.n_cached = 0  # tokens in its slot's KV cache when it ended (llama-server: tokens_cached)
         self.error: BaseException | None = None
         self.timings = Timings()
         self.t_submit = time.perf_counter()

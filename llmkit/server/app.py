@@ -1,18 +1,22 @@
 """Routes of the slot server (~ llama-server's route table in server.cpp, handlers in server-context.cpp).
 
-    POST /v1/chat/completions   OpenAI chat, whole or streamed (SSE)
-    POST /v1/completions        OpenAI text completion, whole or streamed
-    POST /v1/embeddings         mean-pooled, L2-normalised vectors
-    GET  /v1/models[/{id}]      the one loaded model
-    GET  /health                {"status": "ok"} (503 while the model loads)
-    GET  /props                 server settings and defaults
-    POST /tokenize, /detokenize
-    GET  /slots                 per-slot state (501 with --no-slots)
-    GET  /metrics               Prometheus text (501 without --metrics)
+    POST /v1/chat/completions, /chat/completions    OpenAI chat, whole or streamed (SSE)
+    POST /v1/completions                            OpenAI text completion, whole or streamed
+    POST /completion, /completions                  llama-server's own completion (prompt as text and/or token ids)
+    POST /v1/embeddings                             mean-pooled, L2-normalised vectors (OpenAI's shape)
+    POST /embedding, /embeddings                    the same vectors in llama-server's own shape
+    GET  /v1/models, /models                        the one loaded model (and /v1/models/{id})
+    GET  /health, /v1/health                        {"status": "ok"} (503 while the model loads)
+    GET  /props                                     server settings and defaults
+    POST /tokenize, /detokenize, /apply-template
+    GET  /slots                                     per-slot state (501 with --no-slots)
+    GET  /metrics                                   Prometheus text (501 without --metrics)
 
-Chat and text completions differ only in how the prompt is made and how
-the answer is shaped (``sse.Formatter``); both go through ``generate``:
-submit to the engine, then collect the pieces or stream them.
+The paths are llama-server's: without ``/v1``, ``/completions`` and
+``/embeddings`` are its own dialect, not OpenAI's. Chat, text and native
+completions differ only in how the prompt is made and how the answer is
+shaped (``sse.Formatter``, ``sse.NativeFormatter``); all go through
+``generate``: submit to the engine, then collect the pieces or stream them.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from starlette.concurrency import run_in_threadpool
 import llmkit
 from llmkit.engine import ContextSizeError, Engine
 from llmkit.engine.grammar import check_grammar
-from llmkit.llama import SamplingParams
+from llmkit.llama import Model, SamplingParams
 from llmkit.server import errors, metrics, sse
 from llmkit.server.embeddings import Embedder
 from llmkit.server.errors import ApiError
@@ -49,6 +53,8 @@ from llmkit.server.protocol import (
     DetokenizeRequest,
     EmbeddingRequest,
     GenerationRequest,
+    NativeCompletionRequest,
+    NativeEmbeddingRequest,
     TokenizeRequest,
     check_tokens,
     sampling_params,
@@ -132,9 +138,19 @@ def create_app(engine: Engine | Callable[[], Engine], settings: Settings | None 
     app.add_middleware(AccessLog)  # added last: outermost, so it logs the gate's answers too
     registry = metrics.registry(the_engine)
 
+    def route(method: str, *paths: str) -> Callable:
+        """Register one handler under each of llama-server's paths for it (server.cpp lists its aliases one by one)."""
+
+        def register(handler: Callable) -> Callable:
+            for path in paths:
+                app.add_api_route(path, handler, methods=[method])
+            return handler
+
+        return register
+
     # --- health, models, props -------------------------------------------------
 
-    @app.get("/health")
+    @route("GET", "/health", "/v1/health")
     async def health() -> dict:
         return {"status": "ok"}
 
@@ -145,7 +161,7 @@ def create_app(engine: Engine | Callable[[], Engine], settings: Settings | None 
                 "n_params": m.n_params(), "size": m.path.stat().st_size}  # fmt: skip
         return {"id": model_name(), "object": "model", "created": int(time.time()), "owned_by": "llamacpp", "meta": meta}
 
-    @app.get("/v1/models")
+    @route("GET", "/v1/models", "/models")
     async def list_models() -> dict:
         return {"object": "list", "data": [model_info()]}
 
@@ -201,14 +217,25 @@ def create_app(engine: Engine | Callable[[], Engine], settings: Settings | None 
         model = the_engine().model
         return {"content": model.detokenize(check_tokens(body.tokens, model.n_vocab, "tokens"))}
 
+    @app.post("/apply-template")
+    async def apply_template(body: ChatCompletionRequest) -> dict:
+        """The chat prompt as text, nothing generated (llama-server: post_apply_template)."""
+        messages = [m.to_template() for m in body.messages]
+        return {"prompt": await off_loop(the_engine().model.apply_chat_template, messages)}
+
     # --- embeddings ------------------------------------------------------------------
 
-    @app.post("/v1/embeddings")
-    async def embeddings(body: EmbeddingRequest, http_request: Request) -> dict:
+    async def embed(body: EmbeddingRequest, http_request: Request) -> list[np.ndarray]:
         embedder: Embedder = app.state.embedder
         prompts = await off_loop(embedder.tokenize, body.texts)
         vectors = await run_in_threadpool(embedder.embed, prompts)
-        n_tokens = http_request.state.n_prompt_tokens = sum(map(len, prompts))
+        http_request.state.n_prompt_tokens = sum(map(len, prompts))
+        return vectors
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest, http_request: Request) -> dict:
+        vectors = await embed(body, http_request)
+        n_tokens = http_request.state.n_prompt_tokens
         return {
             "object": "list",
             "model": model_name(),
@@ -216,13 +243,22 @@ def create_app(engine: Engine | Callable[[], Engine], settings: Settings | None 
             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
         }
 
+    @route("POST", "/embedding", "/embeddings")
+    async def embeddings_native(body: NativeEmbeddingRequest, http_request: Request) -> list[dict]:
+        """llama-server's own shape (handle_embeddings_impl, non-OAI): one vector per input, in a list of one."""
+        vectors = await embed(body, http_request)
+        return [{"index": i, "embedding": [v.tolist()]} for i, v in enumerate(vectors)]
+
     # --- completions -------------------------------------------------------------------
 
-    @app.post("/v1/chat/completions")
+    def openai_formatter(body: GenerationRequest, *, chat: bool) -> sse.Formatter:
+        return sse.Formatter(chat, model_name(), SYSTEM_FINGERPRINT, body.n_top_logprobs(), the_engine().model.token_to_piece)
+
+    @route("POST", "/v1/chat/completions", "/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, http_request: Request) -> Any:
         messages = [m.to_template() for m in body.messages]
         prompt = await off_loop(the_engine().model.tokenize_chat, messages)
-        return await generate(http_request, body, prompt, chat=True)
+        return await generate(http_request, body, prompt, openai_formatter(body, chat=True))
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http_request: Request) -> Any:
@@ -232,9 +268,18 @@ def create_app(engine: Engine | Callable[[], Engine], settings: Settings | None 
             tokens = await off_loop(model.tokenize, prompt)
         else:
             tokens = check_tokens(prompt, model.n_vocab, "prompt")
-        return await generate(http_request, body, tokens, chat=False)
+        return await generate(http_request, body, tokens, openai_formatter(body, chat=False))
 
-    async def generate(http_request: Request, body: GenerationRequest, prompt: list[int], *, chat: bool) -> Any:
+    @route("POST", "/completion", "/completions")
+    async def completion(body: NativeCompletionRequest, http_request: Request) -> Any:
+        """llama-server's own completion (post_completions): its request fields, its answer (``sse.NativeFormatter``)."""
+        model = the_engine().model
+        tokens = check_tokens(await off_loop(tokenize_mixed, model, body.prompt), model.n_vocab, "prompt")
+        prompt_text = b"".join(model.token_to_piece(t, special=True) for t in tokens).decode("utf-8", "replace")
+        fmt = sse.NativeFormatter(model_name(), prompt_text, body.n_top_logprobs(), model.token_to_piece, body.return_tokens, body.stream)
+        return await generate(http_request, body, tokens, fmt)
+
+    async def generate(http_request: Request, body: GenerationRequest, prompt: list[int], fmt: sse.Formatter | sse.NativeFormatter) -> Any:
         """Submit the prompt; answer with the whole completion, or stream it."""
         engine = the_engine()
         n_top = body.n_top_logprobs()
@@ -255,29 +300,24 @@ def create_app(engine: Engine | Callable[[], Engine], settings: Settings | None 
         except ValueError as exc:
             raise ApiError(400, str(exc)) from None
         http_request.state.engine_request = request  # for the access log
-        fmt = sse.Formatter(chat, model_name(), SYSTEM_FINGERPRINT, n_top, engine.model.token_to_piece)
         pieces = aiter(request)
         if not body.stream:
-            texts, items = [], []
-            async for piece in pieces:
-                texts.append(piece.text)
-                items += piece.logprobs
-            return fmt.response("".join(texts), request.finish_reason, sse.usage(request), request.timings.to_dict(), items)
+            return fmt.response(request, [piece async for piece in pieces])
 
         first = await anext(pieces, None)  # an error before the first token is an ordinary HTTP error
 
         async def events() -> AsyncIterator[str]:
             piece = first
             try:
-                if (role := fmt.role_chunk()) is not None:
-                    yield sse.event(role)
-                while piece is not None:
-                    yield sse.event(fmt.chunk(piece.text, piece.logprobs))
-                    piece = await anext(pieces, None)
-                usage, timings = sse.usage(request), request.timings.to_dict()
-                for chunk in fmt.final_chunks(request.finish_reason, usage, timings, body.include_usage):
+                for chunk in fmt.opening():
                     yield sse.event(chunk)
-                yield sse.DONE
+                while piece is not None:
+                    yield sse.event(fmt.chunk(request, piece))
+                    piece = await anext(pieces, None)
+                for chunk in fmt.closing(request, body.include_usage):
+                    yield sse.event(chunk)
+                if fmt.done:
+                    yield fmt.done
             except Exception as exc:  # noqa: BLE001 -- the 200 is already sent: report in the stream, and end it
                 log.warning("stream of request %d failed: %s", request.id, exc)
                 yield sse.event(ApiError(500, str(exc) or type(exc).__name__).body())
@@ -306,6 +346,13 @@ async def off_loop(fn: Callable, *args: Any, **kwargs: Any) -> Any:
         raise ApiError(400, "the text is not valid Unicode (it holds a lone surrogate)") from None
     except (ValueError, TemplateError) as exc:
         raise ApiError(400, str(exc)) from None
+
+
+def tokenize_mixed(model: Model, prompt: str | list[int | str]) -> list[int]:
+    """A native prompt's tokens (llama-server's tokenize_mixed): strings tokenized, ids kept; BOS only if it starts with a string."""
+    if isinstance(prompt, str):
+        return model.tokenize(prompt)
+    return [t for i, part in enumerate(prompt) for t in (model.tokenize(part, add_special=i == 0) if isinstance(part, str) else [part])]
 
 
 def encode(vector: np.ndarray, encoding_format: str) -> list[float] | str:

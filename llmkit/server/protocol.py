@@ -141,6 +141,44 @@ class CompletionRequest(GenerationRequest):
         return p[0] if isinstance(p, list) and p and isinstance(p[0], (str, list)) else p
 
 
+def _is_token(x: Any) -> bool:
+    return type(x) is int  # a JSON integer (not a boolean, not 1.0)
+
+
+def _is_single_prompt(p: Any) -> bool:
+    """A string, token ids, or strings and token ids mixed (at least one id: a list of strings is several prompts)."""
+    if isinstance(p, str):
+        return True
+    return isinstance(p, list) and all(_is_token(x) or isinstance(x, str) for x in p) and (not p or any(map(_is_token, p)))
+
+
+def _native_prompt(p: Any) -> str | list[int | str]:
+    """The prompt as llama-server's ``tokenize_input_prompts`` reads it (server-common.cpp), one prompt only.
+
+    A string, a list of token ids, a list mixing strings and token ids, or
+    ``{"prompt_string": ...}``; or a list of those, which llama-server answers
+    with one completion each and this server takes with one element only.
+    """
+    if isinstance(p, list) and not any(map(_is_token, p)):  # a list of prompts
+        if len(p) != 1:
+            raise ValueError("must not be empty" if not p else f"this server takes one prompt per request, not {len(p)}")
+        p = p[0]
+    if isinstance(p, dict) and "prompt_string" in p:
+        if "multimodal_data" in p:
+            raise ValueError("'multimodal_data' is not supported: the model reads text only")
+        p = p["prompt_string"]
+    if not _is_single_prompt(p):
+        raise ValueError('should be a string, a list of token ids, a list of strings and token ids, or {"prompt_string": ...}')
+    return p
+
+
+class NativeCompletionRequest(GenerationRequest):
+    """llama-server's own ``POST /completion`` (post_completions): its prompt shapes, and ``return_tokens``."""
+
+    prompt: Annotated[Any, AfterValidator(_native_prompt)]
+    return_tokens: bool = False
+
+
 class EmbeddingRequest(ApiModel):
     input: str | Annotated[list[str], Field(min_length=1)]
     model: str | None = None
@@ -149,6 +187,21 @@ class EmbeddingRequest(ApiModel):
     @property
     def texts(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else self.input
+
+
+class NativeEmbeddingRequest(EmbeddingRequest):
+    """llama-server's own ``/embedding``: the text in ``input`` or ``content``."""
+
+    input: str | Annotated[list[str], Field(min_length=1)] | None = None
+    content: str | Annotated[list[str], Field(min_length=1)] | None = None
+
+    @model_validator(mode="after")
+    def _input_or_content(self) -> NativeEmbeddingRequest:
+        if self.input is None:
+            if self.content is None:
+                raise ValueError('"input" or "content" must be provided')
+            self.input = self.content
+        return self
 
 
 class TokenizeRequest(ApiModel):
