@@ -5,7 +5,9 @@ what they started:
 
 - ``serve("sequential" | "slots", *flags)`` runs ``llmkit serve ...`` as a
   child process on a free loopback port (what the notebooks use: a real
-  server, its own log, killed for sure on exit);
+  server, its own log, killed for sure on exit); ``serve("llama-server",
+  *flags)`` runs the real llama-server, built from the same llama.cpp
+  (``llmkit.upstream.server_binary``), on the same model unless ``-m`` is given;
 - ``serve_app(app)`` runs an ASGI app on uvicorn in a thread of this
   process, for when you want to change the app first (add a route, say).
 """
@@ -81,11 +83,21 @@ class ServerProcess:
         return self.process.returncode
 
 
+def command(kind: str, port: int, flags: tuple[str, ...]) -> list[str]:
+    """The command line of a server: ``llmkit serve KIND`` or the real llama-server (built if needed)."""
+    if kind == "llama-server":
+        from llmkit import models, upstream
+
+        model = [] if {"-m", "--model"} & set(flags) else ["-m", str(models.resolve_model())]
+        return [str(upstream.server_binary()), *model, "--host", HOST, "--port", str(port), *flags]
+    return [sys.executable, "-m", "llmkit", "serve", kind, "--host", HOST, "--port", str(port), *flags]
+
+
 def start(kind: str, *flags: str, port: int | None = None, timeout: float = 120, env: dict | None = None) -> ServerProcess:
-    """Start ``llmkit serve KIND FLAGS...`` and wait until it is healthy. Call ``stop()`` after."""
+    """Start a server (``"sequential"``, ``"slots"`` or ``"llama-server"``), wait until it is healthy. ``stop()`` after."""
     port = port or free_port()
+    args = command(kind, port, flags)
     log_path = Path(tempfile.mkstemp(prefix=f"llmkit-{kind}-", suffix=".log")[1])
-    args = [sys.executable, "-m", "llmkit", "serve", kind, "--host", HOST, "--port", str(port), *flags]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True

@@ -2,8 +2,9 @@
 
 ``llmkit.launch`` starts servers in their own session, so a server that a
 notebook forgets to stop outlives the notebook's kernel: we look for
-``llmkit serve`` processes started by this run's kernels (children of a
-child of this pytest process) that are still there when the notebook ends.
+``llmkit serve`` and ``llama-server`` processes started by this run's
+kernels (children of a child of this pytest process) that are still there
+when the notebook ends.
 """
 
 from __future__ import annotations
@@ -23,14 +24,15 @@ def parent(pid: int) -> int:
 
 
 def llmkit_servers() -> set[int]:
-    """``llmkit serve`` processes whose grandparent is this pytest (kernel -> server)."""
+    """``llmkit serve`` and ``llama-server`` processes whose grandparent is this pytest (kernel -> server)."""
     pids = set()
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"llmkit" in argv and b"serve" in argv and parent(parent(int(proc.name))) == os.getpid():
+        is_server = (b"llmkit" in argv and b"serve" in argv) or argv[0].endswith(b"/llama-server")
+        if is_server and parent(parent(int(proc.name))) == os.getpid():
             pids.add(int(proc.name))
     return pids
 

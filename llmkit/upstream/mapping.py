@@ -1,0 +1,166 @@
+"""Which llmkit code does the job of which llama-server code: the one map the course and the docstrings use.
+
+Each row pairs an llmkit symbol (a dotted path; a function nested in another
+is written ``module.outer.inner``) with a C++ symbol in the pinned llama.cpp
+and says in one line what differs. ``tests/test_upstream.py`` checks every
+row both ways (the C++ exists in the source, the Python exists in llmkit) and
+that every llama-server name in llmkit's docstrings and comments is here.
+
+    for row in MAP: print(row.llmkit, "~", row.upstream)
+    counterparts("llmkit.engine.scheduler.build_batch")
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmkit.upstream.cpp import Symbol
+
+CONTEXT = "tools/server/server-context.cpp"
+QUEUE = "tools/server/server-queue.cpp"
+COMMON = "tools/server/server-common.cpp"
+TASK = "tools/server/server-task.cpp"
+
+
+@dataclass(frozen=True)
+class Counterpart:
+    llmkit: str  # dotted path of a module-level or nested function, class or method
+    upstream: str  # qualified C++ name, as llmkit.upstream.find() takes it
+    file: str  # where upstream lives, relative to llama.cpp's root
+    differs: str  # what llmkit does differently, in one line
+
+
+# A request's path in order: queue and loop, slot choice, batch, decode, sampling, answer; then the HTTP side.
+MAP: tuple[Counterpart, ...] = (
+    Counterpart("llmkit.engine.engine.Engine.submit", "server_response_reader::post_task", QUEUE,
+                "posts to the waiting deque directly; llama-server posts a task to server_queue"),
+    Counterpart("llmkit.engine.engine.Engine._run", "server_queue::start_loop", QUEUE,
+                "same shape (take new work, then one update); no idle sleep, no worker thread for yields"),
+    Counterpart("llmkit.engine.engine.Engine._admit_waiting", "server_context_impl::process_single_task", CONTEXT,
+                "only the completion case: a request with no idle slot stays in the deque (llama-server defers it)"),
+    Counterpart("llmkit.engine.scheduler.choose_slot", "server_context_impl::get_available_slot", CONTEXT,
+                "same rules (id_slot, similarity > 0.1, least recently used); no lookup in a host-RAM prompt cache"),
+    Counterpart("llmkit.engine.slot.Slot.start", "server_context_impl::launch_slot_with_task", CONTEXT,
+                "also keeps the cached prefix and drops the rest of the KV, which llama-server does in pre_decode"),
+    Counterpart("llmkit.engine.engine.Engine.step", "server_context_impl::update_slots", CONTEXT,
+                "one llama_decode per step; llama-server splits a batch larger than n_batch and retries smaller ones"),
+    Counterpart("llmkit.engine.scheduler.build_batch", "server_context_impl::pre_decode", CONTEXT,
+                "the batch building only; pre_decode also shifts context, reuses chunks, saves checkpoints, drafts"),
+    Counterpart("llmkit.engine.engine.Engine._process_token", "server_context_impl::post_decode", CONTEXT,
+                "sampling each slot that asked for logits; no speculative drafts to verify"),
+    Counterpart("llmkit.engine.engine.Engine._process_token", "server_context_impl::process_token", CONTEXT,
+                "the same checks (end of generation, stop strings, budget, context end) in one place"),
+    Counterpart("llmkit.engine.engine.Engine._deliver", "server_context_impl::send_partial_response", CONTEXT,
+                "hands text and its tokens to the request's queue; the HTTP layer formats it"),
+    Counterpart("llmkit.engine.engine.Engine._finish", "server_context_impl::send_final_response", CONTEXT,
+                "also records the timings and counters and frees the slot"),
+    Counterpart("llmkit.engine.slot.Slot", "server_slot", CONTEXT,
+                "a KV sequence, its cached tokens and the running request's tools; no LoRA, drafts or checkpoints"),
+    Counterpart("llmkit.engine.slot.Slot.release", "server_slot::release", CONTEXT,
+                "the same: the KV cache stays for the next request"),
+    Counterpart("llmkit.engine.slot.common_prefix", "server_tokens::get_common_prefix", COMMON,
+                "plain token lists (no multimodal chunks)"),
+    Counterpart("llmkit.engine.request.Request", "server_task", "tools/server/server-task.h",
+                "one object for the task and its results (llama-server: a task, then results through server_response)"),
+    Counterpart("llmkit.engine.request.Request.cancel", "server_response_reader::stop", QUEUE,
+                "sets a flag the engine reads at its next step; llama-server posts a cancel task to the queue's front"),
+    Counterpart("llmkit.engine.engine.Counters", "server_metrics", "tools/server/server-common.h",
+                "totals since start only (no per-bucket values), plus step and decode seconds"),
+    Counterpart("llmkit.text.StopMatcher", "server_slot::find_stopping_strings", CONTEXT,
+                "holds back a partial match the same way"),
+    Counterpart("llmkit.text.Detokenizer", "validate_utf8", COMMON,
+                "holds back an incomplete UTF-8 character the same way"),
+    Counterpart("llmkit.server.app.create_app", "server_routes::init_routes", CONTEXT,
+                "FastAPI routes; llama-server registers its handlers on cpp-httplib in llama_server() (server.cpp)"),
+    Counterpart("llmkit.server.app.create_app.generate", "server_routes::handle_completions_impl", CONTEXT,
+                "one request per call (no n > 1), streamed through Starlette"),
+    Counterpart("llmkit.server.app.create_app.completion", "server_routes::post_completions", CONTEXT,
+                "llama-server's own dialect on /completion and /completions: one prompt per request"),
+    Counterpart("llmkit.server.app.tokenize_mixed", "tokenize_mixed", COMMON, "the same rule: BOS only before a leading string"),
+    Counterpart("llmkit.server.protocol._native_prompt", "tokenize_input_prompts", COMMON,
+                "one prompt only (a list of prompts is a 400, not several completions)"),
+    Counterpart("llmkit.server.app.create_app.apply_template", "server_routes::post_apply_template", CONTEXT, "the same"),
+    Counterpart("llmkit.server.app.create_app.embeddings_native", "server_routes::handle_embeddings_impl", CONTEXT,
+                "no --embeddings mode needed: a second context pools beside generation"),
+    Counterpart("llmkit.server.errors.TYPES", "error_type", "tools/server/server-common.h", "the same names, chosen by status"),
+    Counterpart("llmkit.server.errors.ApiError", "format_error_response", COMMON,
+                "the same shape; invalid JSON is a 400 here, a 500 there"),
+    Counterpart("llmkit.server.sse.event", "format_oai_sse", COMMON, "the same bytes: data: <json>, a blank line"),
+    Counterpart("llmkit.server.sse.Formatter", "server_task_result_cmpl_partial", "tools/server/server-task.h",
+                "one formatter for chat and text completions, whole and streamed"),
+    Counterpart("llmkit.server.sse.Formatter.chunk", "server_task_result_cmpl_partial::to_json_oaicompat_chat", TASK,
+                "one chunk per text piece (held-back tokens wait for their text)"),
+    Counterpart("llmkit.server.sse.Formatter.response", "server_task_result_cmpl_final::to_json_oaicompat", TASK,
+                "the same envelope; chat and text completions share it"),
+    Counterpart("llmkit.server.sse.NativeFormatter.response", "server_task_result_cmpl_final::to_json_non_oaicompat", TASK,
+                "the same keys in the same order, where llmkit has the value"),
+    Counterpart("llmkit.server.sse.NativeFormatter.chunk", "server_task_result_cmpl_partial::to_json_non_oaicompat", TASK,
+                "one chunk per text piece; no timings in chunks"),
+    Counterpart("llmkit.server.sse.token_logprobs", "completion_token_output::probs_vector_to_json", TASK,
+                "OpenAI's logprobs shape; the native one for /completion"),
+    Counterpart("llmkit.server.metrics.render", "server_task_result_metrics::to_metrics", TASK,
+                "prometheus_client writes the text (llama-server writes it by hand)"),
+    Counterpart("llmkit.server.embeddings.Embedder", "server_context_impl::send_embedding", CONTEXT,
+                "a second, small context for embeddings instead of a slot in the main one"),
+)
+
+
+def counterparts(llmkit_path: str) -> list[Counterpart]:
+    """The rows for one llmkit symbol."""
+    return [row for row in MAP if row.llmkit == llmkit_path]
+
+
+def llmkit_symbol(path: str) -> Symbol:
+    """llmkit's code at ``path`` as a ``Symbol`` (file, lines, text), to show beside the C++."""
+    obj, nested = _locate(path)
+    lines, first = inspect.getsourcelines(obj)
+    first = max(first, 1)  # a module starts at 0
+    file = Path(inspect.getsourcefile(obj))
+    if nested:  # a function inside a function: its lines within the outer one
+        node = _nested(obj, nested, path)
+        top = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        start, end = first + top - 1, first + node.end_lineno - 1
+        kind = "function"
+    else:
+        start, end = first, first + len(lines) - 1
+        kind = "module" if inspect.ismodule(obj) else "class" if inspect.isclass(obj) else "function"
+    text = "\n".join(file.read_text().splitlines()[start - 1 : end])
+    relative = file.resolve().relative_to(Path(__file__).resolve().parents[2]).as_posix()
+    return Symbol(path, kind, relative, start, end, text, language="python")
+
+
+def resolve(path: str) -> object:
+    """The llmkit object at ``path``: imported, or for a nested function its ``ast`` node."""
+    obj, nested = _locate(path)
+    return _nested(obj, nested, path) if nested else obj
+
+
+def _locate(path: str) -> tuple[object, list[str]]:
+    """The deepest importable object on ``path`` and the names left (functions nested in it)."""
+    parts = path.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        rest = parts[split:]
+        while rest and hasattr(obj, rest[0]):
+            obj = getattr(obj, rest.pop(0))
+        if rest and not (inspect.isfunction(obj) or inspect.isclass(obj)):
+            raise LookupError(f"{path}: {'.'.join(parts[: len(parts) - len(rest)])} has no {rest[0]}")
+        return obj, rest
+    raise LookupError(f"no module for {path}")
+
+
+def _nested(outer: object, names: list[str], path: str) -> ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef:
+    node: ast.AST = ast.parse(inspect.getsource(outer)).body[0]
+    for name in names:
+        defs = [n for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name]
+        if not defs:
+            raise LookupError(f"{path}: no {name} inside")
+        node = defs[0]
+    return node
