@@ -6,12 +6,20 @@
     for piece in a: print(piece.text, end="")          # or: async for piece in a
     b.result(), b.timings, engine.counters
 
-The loop (``_run``) mirrors llama-server's ``update_slots`` in
-server-context.cpp: admit waiting requests into idle slots, build ONE batch
-from every busy slot (``scheduler.build_batch``), decode it, then sample
-each slot that asked for logits and hand its token to its request
-(``_process_token`` ~ llama-server's ``process_token``). Requests join and
-leave between steps: that is continuous batching.
+Read it in the order llama-server runs (``llmkit.upstream.MAP`` pairs each
+method with its C++ and says what differs):
+
+- ``loop`` ~ ``server_queue::start_loop``: wait for work, admit, step, again;
+- ``admit`` ~ ``process_single_task``: waiting requests into idle slots
+  (``scheduler.choose_slot`` ~ ``get_available_slot``, ``Slot.start`` ~
+  ``launch_slot_with_task``);
+- ``step`` ~ ``update_slots``: build ONE batch from every busy slot
+  (``scheduler.build_batch`` ~ the batch building of ``pre_decode``), decode
+  it, then ``process_token`` for each slot that asked for logits (~
+  ``post_decode`` + ``process_token``), which ``deliver``s text or
+  ``finish``es the request.
+
+Requests join and leave between steps: that is continuous batching.
 """
 
 from __future__ import annotations
@@ -98,7 +106,7 @@ class Engine:
         self.counters = Counters()
         self._cond = threading.Condition()
         self._closing = False
-        self._thread = threading.Thread(target=self._run, name="llmkit-engine", daemon=True)
+        self._thread = threading.Thread(target=self.loop, name="llmkit-engine", daemon=True)
         self._thread.start()
 
     # --- submitting ----------------------------------------------------------
@@ -155,21 +163,21 @@ class Engine:
     def _has_work(self) -> bool:
         return self._closing or self.n_busy > 0 or bool(self.waiting)
 
-    def _run(self) -> None:
+    def loop(self) -> None:
         while True:
             with self._cond:
                 self._cond.wait_for(self._has_work)
                 if self._closing:
                     return
-            self._admit_waiting()
+            self.admit()
             try:
                 self.step()
             except Exception:  # a bug here must not kill the thread silently
                 log.exception("engine step failed")
                 self._fail_busy(EngineError("internal engine error (see the server log)"))
 
-    def _admit_waiting(self) -> None:
-        """Move queued requests into idle slots, first come first served (launch_slot_with_task)."""
+    def admit(self) -> None:
+        """Move queued requests into idle slots, first come first served (process_single_task)."""
         while (admission := self._next_admission()) is not None:
             slot, request = admission
             try:  # outside the lock: building a grammar sampler can take a while
@@ -194,7 +202,7 @@ class Engine:
         t0 = time.perf_counter()
         for slot in self.slots:
             if slot.request is not None and slot.request.cancelled:
-                self._finish(slot, "cancelled")
+                self.finish(slot, "cancelled")
         in_batch = build_batch(self.slots, self.batch)
         if not in_batch:
             return
@@ -203,12 +211,12 @@ class Engine:
             self.ctx.decode(self.batch)
         except DecodeError as exc:
             for slot in in_batch:
-                self._finish(slot, None, EngineError(str(exc)), keep_cache=False)
+                self.finish(slot, None, EngineError(str(exc)), keep_cache=False)
             return
         t1 = time.perf_counter()
         for slot in in_batch:
             if slot.i_batch >= 0:
-                self._process_token(slot)
+                self.process_token(slot)
         c = self.counters
         c.n_decode_total += 1
         c.n_busy_slots_total += len(in_batch)
@@ -216,55 +224,55 @@ class Engine:
         c.decode_seconds_total += t1 - t_decode
         c.step_seconds_total += time.perf_counter() - t0
 
-    def _process_token(self, slot: Slot) -> None:
+    def process_token(self, slot: Slot) -> None:
         """Sample one token for ``slot`` and deliver it (llama-server: process_token)."""
         request, params = slot.request, slot.request.params
         try:
             token = slot.sampler.sample(self.ctx, slot.i_batch)
             logprobs = self._logprobs(slot.i_batch, token, request.n_probs) if request.n_probs else None
         except Exception as exc:
-            self._finish(slot, None, EngineError(f"sampling failed: {exc}"))
+            self.finish(slot, None, EngineError(f"sampling failed: {exc}"))
             return
         if request.status is Status.PROMPT:  # first token: the prompt phase ends here
             request.status = Status.GENERATING
             request.t_first = time.perf_counter()
             request.timings.prompt_ms = (request.t_first - request.t_start) * 1e3
         if params.max_tokens == 0:  # prompt only (llama-server's n_predict = 0)
-            self._finish(slot, "length", stop_type="limit")
+            self.finish(slot, "length", stop_type="limit")
             return
         if self.model.is_eog(token):
-            self._finish(slot, "stop", stop_type="eos")
+            self.finish(slot, "stop", stop_type="eos")
             return
         request.output.append(token)
         slot.last_token = token
         slot.pending_tokens.append(token)
         if logprobs is not None:
             slot.pending_logprobs.append(logprobs)
-        self._deliver(slot, slot.stops.push(slot.detok.push(token)))
+        self.deliver(slot, slot.stops.push(slot.detok.push(token)))
         if slot.stops.stopped:
             request.stopping_word = self._stopping_word(request)
-            self._finish(slot, "stop", stop_type="word")
+            self.finish(slot, "stop", stop_type="word")
         elif len(request.output) == params.max_tokens or slot.n_past >= slot.n_ctx:
             request.truncated = slot.n_past >= slot.n_ctx
-            self._finish(slot, "length", stop_type="limit")
+            self.finish(slot, "length", stop_type="limit")
 
     def _stopping_word(self, request: Request) -> str:
         """The stop string that matched: the first (in the request's order) the text after the sent text starts with."""
         rest = self.model.detokenize(request.output)[len(request.text) :]
         return next((s for s in request.params.stop if s and rest.startswith(s)), "")
 
-    def _deliver(self, slot: Slot, text: str) -> None:
+    def deliver(self, slot: Slot, text: str) -> None:
         """Send text with the tokens (and logprobs) it came from; held-back tokens wait for their text."""
         if text:
             slot.request.emit(Piece(text, slot.pending_tokens, slot.pending_logprobs))
             slot.pending_tokens, slot.pending_logprobs = [], []
 
-    def _finish(self, slot: Slot, reason: str | None, error: BaseException | None = None, *, keep_cache: bool = True, stop_type: str = "none") -> None:
+    def finish(self, slot: Slot, reason: str | None, error: BaseException | None = None, *, keep_cache: bool = True, stop_type: str = "none") -> None:
         """End the slot's request: flush held-back text, record timings, free the slot."""
         request = slot.request
         request.stop_type, request.n_cached = stop_type, slot.n_past
         if error is None and reason != "cancelled" and not slot.stops.stopped:
-            self._deliver(slot, slot.stops.push(slot.detok.flush()) + slot.stops.flush())
+            self.deliver(slot, slot.stops.push(slot.detok.flush()) + slot.stops.flush())
         now = time.perf_counter()
         t = request.timings
         t.predicted_n = len(request.output)
@@ -292,7 +300,7 @@ class Engine:
     def _fail_busy(self, error: BaseException) -> None:
         for slot in self.slots:
             if slot.request is not None:
-                self._finish(slot, None, error, keep_cache=False)
+                self.finish(slot, None, error, keep_cache=False)
 
     def _logprobs(self, i: int, token: int, n_probs: int) -> TokenLogprob:
         logits = np.ctypeslib.as_array(self.ctx.logits(i))

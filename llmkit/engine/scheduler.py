@@ -36,7 +36,7 @@ def choose_slot(slots: list[Slot], request: Request) -> Slot | None:
 def build_batch(slots: list[Slot], batch: Batch) -> list[Slot]:
     """Fill ``batch`` for one ``llama_decode``; return the slots that have a token in it.
 
-    Mirrors the batch-building half of llama-server's ``update_slots``:
+    Mirrors the batch building in llama-server's ``pre_decode`` (called by ``update_slots``):
     1. every generating slot adds the token it sampled last step;
     2. slots still reading their prompt add prompt tokens while the batch
        has room (a long prompt continues next step: chunked prefill);

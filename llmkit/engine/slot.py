@@ -63,7 +63,7 @@ class Slot:
     def start(self, request: Request, ctx: Context, model: Model) -> None:
         """Take ``request``: keep the cached common prefix, drop the rest of the KV, build the sampler.
 
-        (llama-server: launch_slot_with_task + the n_past logic of update_slots)
+        (llama-server: launch_slot_with_task + the n_past logic of pre_decode)
         """
         prompt = request.prompt
         n_keep = common_prefix(self.cache_tokens, prompt) if request.cache_prompt else 0
