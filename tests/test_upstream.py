@@ -143,6 +143,10 @@ def test_llama_server_is_about_22k_lines():
 def test_every_row_of_the_map_exists_on_both_sides(row):
     assert any(s.path == row.file for s in upstream.find_all(row.upstream)), f"{row.upstream} is not in {row.file}"
     mapping.resolve(row.llmkit)  # raises if the llmkit symbol is gone
+    ours = upstream.llmkit_symbol(row.llmkit)  # what the reading chapter shows beside the C++
+    name, head = row.llmkit.rsplit(".", 1)[-1], "\n".join(ours.text.lstrip().splitlines()[:3])  # decorators first
+    assert re.search(rf"^\s*(async def|def|class)\s+{name}\b|^{name}\s*=", head, re.MULTILINE), head
+    assert (LLMKIT.parent / ours.path).read_text().splitlines()[ours.start - 1 : ours.end] == ours.text.splitlines()
 
 
 def test_a_missing_symbol_on_either_side_is_caught():

@@ -3,7 +3,7 @@
     from llmkit import upstream
     upstream.root()                             # llama.cpp of the installed llama-cpp-python (fetched once)
     upstream.find("get_available_slot")         # -> Symbol: file, lines, text; highlighted in a notebook
-    upstream.server_binary()                    # llama-server built from that source (once, ~5 min)
+    upstream.server_binary()                    # llama-server built from that source (once, ~12 min)
     upstream.MAP                                # llmkit symbol <-> llama-server symbol, with what differs
 
 Modules: ``source`` (fetch and check), ``cpp`` (tree-sitter lookup),

@@ -76,6 +76,8 @@ MAP: tuple[Counterpart, ...] = (
                 "holds back an incomplete UTF-8 character the same way"),
     Counterpart("llmkit.server.app.create_app", "server_routes::init_routes", CONTEXT,
                 "FastAPI routes; llama-server registers its handlers on cpp-httplib in llama_server() (server.cpp)"),
+    Counterpart("llmkit.server.app.create_app.chat_completions", "server_routes::post_chat_completions", CONTEXT,
+                "the chat template applied by the model layer; no tools, no multimodal parts"),
     Counterpart("llmkit.server.app.create_app.generate", "server_routes::handle_completions_impl", CONTEXT,
                 "one request per call (no n > 1), streamed through Starlette"),
     Counterpart("llmkit.server.app.create_app.completion", "server_routes::post_completions", CONTEXT,
@@ -117,6 +119,8 @@ def counterparts(llmkit_path: str) -> list[Counterpart]:
 def llmkit_symbol(path: str) -> Symbol:
     """llmkit's code at ``path`` as a ``Symbol`` (file, lines, text), to show beside the C++."""
     obj, nested = _locate(path)
+    if not (inspect.ismodule(obj) or inspect.isclass(obj) or inspect.isroutine(obj)):
+        return _constant(path)
     lines, first = inspect.getsourcelines(obj)
     first = max(first, 1)  # a module starts at 0
     file = Path(inspect.getsourcefile(obj))
@@ -131,6 +135,19 @@ def llmkit_symbol(path: str) -> Symbol:
     text = "\n".join(file.read_text().splitlines()[start - 1 : end])
     relative = file.resolve().relative_to(Path(__file__).resolve().parents[2]).as_posix()
     return Symbol(path, kind, relative, start, end, text, language="python")
+
+
+def _constant(path: str) -> Symbol:
+    """A module-level constant (a table, say): the lines of its assignment."""
+    module_path, name = path.rsplit(".", 1)
+    module = importlib.import_module(module_path)
+    file = Path(inspect.getsourcefile(module))
+    text = file.read_text()
+    node = next(n for n in ast.parse(text).body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                and name in [t.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)])  # fmt: skip
+    lines = "\n".join(text.splitlines()[node.lineno - 1 : node.end_lineno])
+    relative = file.resolve().relative_to(Path(__file__).resolve().parents[2]).as_posix()
+    return Symbol(path, "constant", relative, node.lineno, node.end_lineno, lines, language="python")
 
 
 def resolve(path: str) -> object:
