@@ -13,6 +13,7 @@ help:
 	@echo "make lab     set everything up, then open the course notebooks in JupyterLab"
 	@echo "make test    set everything up, then run every test (unit, servers, browser, notebooks)"
 	@echo "make bench   side-by-side benchmark of the servers (writes bench-results/)"
+	@echo "make llama-server   build the real llama-server from the same llama.cpp (once, ~12 min; make test does it)"
 	@echo "make serve-sequential | serve-slots   run a server on port $(PORT)"
 	@echo "make book    build the static site from the notebooks"
 
@@ -37,7 +38,13 @@ browser:
 		echo "The browser test needs Chromium. Run once:  sudo apt-get install -y chromium chromium-driver"; \
 	fi
 
-test: $(INSTALLED) browser
+# The real llama-server, from the llama.cpp source of the installed llama-cpp-python: built once (~12 min on
+# 2 cores, with a progress line), kept in the user data folder. `make lab` does not wait for it: the first
+# notebook cell that needs it builds it.
+llama-server: $(INSTALLED)
+	@$(PY) -m llmkit upstream build
+
+test: $(INSTALLED) browser llama-server
 	$(PY) -m pytest tests notebooks/en notebooks/ja --nbval-lax -p no:cacheprovider $(PYTEST_ARGS)
 
 # Root (containers, CI machines) needs --allow-root; LAB_ARGS passes anything else (--no-browser --port 8890).
@@ -60,4 +67,4 @@ book: $(INSTALLED)
 clean:
 	rm -rf $(VENV) build *.egg-info bench-results book/_build
 
-.PHONY: help install browser test lab bench serve-sequential serve-slots book clean
+.PHONY: help install browser llama-server test lab bench serve-sequential serve-slots book clean

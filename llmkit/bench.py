@@ -69,7 +69,7 @@ class Config:
     model: str | None = None
     urls: dict[str, str] = field(default_factory=dict)  # name -> base URL of an OpenAI-compatible server
     out: Path = Path("bench-results")
-    skip: frozenset[str] = frozenset()  # any of: sequential, slots, raw, prefix
+    skip: frozenset[str] = frozenset()  # any of: sequential, slots, llama-server, raw, prefix
     ctx_per_slot: int = 1024
     prefix_tokens: int = 800
     cache_prompt: bool = False  # let servers reuse cached prompts in the concurrency levels
@@ -508,7 +508,8 @@ def judge(rows: list[Row], prefix: list[dict], soaked: dict | None, cfg: Config)
     r = soaked["growth"] if soaked else None
     note = f" ({soaked['rss_first_mb']:.0f} -> {soaked['rss_last_mb']:.0f} MB, peak {soaked['rss_peak_mb']:.0f} MB)" if soaked else ""
     check(f"slots RSS does not grow over the soak (last / first <= {GROWTH_LIMIT})", r, lambda x: x <= GROWTH_LIMIT, f"{r or 0:.3f}", note)
-    for other in cfg.urls:  # for information: the production server on the same prompts
+    others = [s for s in dict.fromkeys(r.server for r in rows) if s not in ("sequential", "slots", RAW)]
+    for other in others:  # for information: the production server(s) on the same prompts
         if slots and (o := at.get((other, n))):
             ratios = f"{slots.tokens_per_s / o.tokens_per_s:.2f}x, {slots.ttft_median_ms / o.ttft_median_ms:.2f}x"
             out.append((f"slots / {other}: aggregate tok/s, median TTFT ({n} streams)", ratios, "info"))
@@ -539,7 +540,8 @@ def server_flags(cfg: Config) -> list[str]:
 
 
 def start_servers(cfg: Config, stack: contextlib.ExitStack) -> list[Server]:
-    """Our two servers as child processes on free ports (unless skipped), then the --url ones."""
+    """Our two servers and the real llama-server (built from the same llama.cpp, same flags) as child
+    processes on free ports, unless skipped; then the --url ones."""
     common = server_flags(cfg)
     servers = []
     if "sequential" not in cfg.skip:
@@ -549,6 +551,10 @@ def start_servers(cfg: Config, stack: contextlib.ExitStack) -> list[Server]:
         n = max(cfg.concurrency)
         p = stack.enter_context(launch.serve("slots", *common, "-np", str(n), "-c", str(n * cfg.ctx_per_slot), "--metrics"))
         servers.append(Server("slots", p.url, "openai", pid=p.process.pid))
+    if "llama-server" not in cfg.skip:  # explicit -np: one KV stream per slot, as the slot server
+        n = max(cfg.concurrency)
+        p = stack.enter_context(launch.serve("llama-server", *common, "-np", str(n), "-c", str(n * cfg.ctx_per_slot), "--metrics"))
+        servers.append(Server("llama-server", p.url, "openai", pid=p.process.pid))
     for name, url in cfg.urls.items():
         servers.append(Server(name, url.rstrip("/").removesuffix("/v1"), "openai"))
     return servers

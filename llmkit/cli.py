@@ -1,9 +1,11 @@
-"""``llmkit`` command line: serve | translate | bench.
+"""``llmkit`` command line: serve | translate | bench | upstream.
 
     llmkit serve sequential [--model PATH] [--host 127.0.0.1] [--port 8080]
     llmkit serve slots      [-m PATH] [-c 8192] [-np 4] ...   (flags named like llama-server's)
     llmkit translate "Hello" --to ja [--url http://127.0.0.1:8080]
     llmkit bench [--url NAME=URL ...]
+    llmkit upstream find get_available_slot    # llama-server's C++ by name, with line numbers
+    llmkit upstream build                      # build llama-server from the same llama.cpp (once)
 """
 
 from __future__ import annotations
@@ -62,12 +64,20 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-t", "--threads", type=int, default=None, help="CPU threads of the servers started here and of the raw loop")
     b.add_argument("-m", "--model", help="GGUF file (default: the embedded SmolLM2-135M-Instruct)")
     b.add_argument("-o", "--out", default="bench-results", help="output folder (default bench-results/)")
-    b.add_argument("--skip", nargs="+", default=[], choices=["sequential", "slots", "raw", "prefix"], help="leave out a server or a scenario")
+    b.add_argument("--skip", nargs="+", default=[], choices=["sequential", "slots", "llama-server", "raw", "prefix"], help="leave out a server or a scenario (llama-server: the one built from the pinned llama.cpp)")
     b.add_argument("--ctx-per-slot", type=int, default=1024, help="slot server context per slot (default 1024)")
     b.add_argument("--prefix-tokens", type=int, default=800, help="shared prefix of the prefix-reuse scenario (default 800)")
     b.add_argument("--cache-prompt", action="store_true", help="let servers reuse cached prompts in the concurrency levels")
     b.add_argument("--soak", type=int, default=0, metavar="N", help="also N short requests to a 4 x 2048 slot server, RSS sampled")
     b.add_argument("--rounds", type=int, default=1, metavar="R", help="run every level R times (servers in rotating order), report the median run")
+
+    up = sub.add_parser("upstream", help="the llama.cpp that llmkit runs: llama-server's source and binary")
+    actions = up.add_subparsers(dest="action", required=True)
+    find = actions.add_parser("find", help="print a C++ function, method, struct or enum by name, with line numbers")
+    find.add_argument("name", help="e.g. get_available_slot, server_queue::start_loop, server_slot")
+    find.add_argument("--all", action="store_true", help="every definition of that name (overloads, several classes)")
+    actions.add_parser("build", help="build llama-server from that source (once, ~12 min on 2 cores) and print its path")
+    actions.add_parser("path", help="fetch the source if needed and print where it is")
     return parser
 
 
@@ -165,6 +175,23 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def upstream_command(args: argparse.Namespace) -> int:
+    from llmkit import upstream
+
+    try:
+        if args.action == "build":
+            print(upstream.server_binary())
+        elif args.action == "path":
+            print(upstream.root())
+        else:
+            for symbol in upstream.find_all(args.name) if args.all else [upstream.find(args.name)]:
+                print(symbol, end="\n\n")
+    except (upstream.UpstreamError, LookupError) as exc:
+        print(f"llmkit upstream: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
@@ -177,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
             return translate(args)
         elif args.command == "bench":
             return bench(args)
+        elif args.command == "upstream":
+            return upstream_command(args)
     except models.ModelFileError as exc:
         print(f"llmkit: error: {exc}", file=sys.stderr)
         return 2

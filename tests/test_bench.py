@@ -7,7 +7,7 @@ import json
 from llmkit import bench
 from llmkit.cli import build_parser
 
-SERVERS = (bench.RAW, "sequential", "slots")
+SERVERS = (bench.RAW, "sequential", "slots", "llama-server")
 COLUMNS = ["server", "streams", "tokens", "wall s", "aggregate tok/s", "TTFT median ms", "TTFT p90 ms",
            "per-stream tok/s", "busy slots/decode", "Python share of step"]  # fmt: skip
 
@@ -36,6 +36,8 @@ def test_bench_tiny_run(tmp_path):
             assert r.tokens == 8 * r.concurrency and r.ttft_median_ms > 0 and r.busy_slots_per_decode >= 1
         if r.server == bench.RAW:  # the same work as a server's row: prefill counted in the wall time
             assert r.tokens == 8 * r.concurrency and r.seconds * 1e3 > r.ttft_median_ms > 0
+        if r.server == "llama-server":  # the real one, built from the same llama.cpp: same prompts, same budget
+            assert r.tokens == 8 * r.concurrency and r.ttft_median_ms > 0 and r.busy_slots_per_decode >= 1
         if r.server == "sequential":  # started with -n 8: at most 8 per stream
             assert r.tokens <= 8 * r.concurrency
 
@@ -48,15 +50,16 @@ def test_bench_tiny_run(tmp_path):
     assert all(len(row) == len(COLUMNS) for row in table)
 
     prefix = markdown_table(saved, "| server | cold TTFT")
-    assert [row[0] for row in prefix[1:]] == ["sequential", "slots"]
+    assert [row[0] for row in prefix[1:]] == ["sequential", "slots", "llama-server"]
     assert "## Soak (memory)" in saved and results.soak["requests"] == 6 and len(results.soak["samples"]) == 3
 
     targets = markdown_table(saved, "| target |")
-    assert len(targets) == 1 + 5 and all(row[2] in ("PASS", "FAIL", "n/a") for row in targets[1:])
+    assert len(targets) == 1 + 6 and all(row[2] in ("PASS", "FAIL", "n/a", "info") for row in targets[1:])
+    assert targets[-1][0].startswith("slots / llama-server") and targets[-1][2] == "info"
 
     assert results.plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads((tmp_path / "results.json").read_text())
-    assert len(data["rows"]) == 6 and data["config"]["max_tokens"] == 8
+    assert len(data["rows"]) == 8 and data["config"]["max_tokens"] == 8
 
 
 def test_bench_command_line():

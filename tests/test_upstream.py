@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import io
 import re
+import subprocess
+import sys
 import tarfile
 import tokenize
 from pathlib import Path
@@ -128,6 +130,14 @@ def test_a_symbol_can_be_cut_and_shows_its_own_line_numbers():
     html = part._repr_html_()
     assert f"{part.where}" in html and str(part.start) in html and "pre_decode" in html
     assert str(part).splitlines()[1].lstrip().startswith(str(part.start))
+
+
+def test_the_command_line_prints_a_definition_or_says_what_is_wrong():
+    found = subprocess.run([sys.executable, "-m", "llmkit", "upstream", "find", "server_queue::start_loop"], capture_output=True, text=True)
+    assert found.returncode == 0
+    assert found.stdout.startswith("// server_queue::start_loop (function) — tools/server/server-queue.cpp:")
+    ambiguous = subprocess.run([sys.executable, "-m", "llmkit", "upstream", "find", "start_loop"], capture_output=True, text=True)
+    assert ambiguous.returncode == 1 and "ambiguous" in ambiguous.stderr and not ambiguous.stdout
 
 
 def test_llama_server_is_about_22k_lines():
