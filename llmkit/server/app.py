@@ -180,7 +180,7 @@ def create_app(engine: Engine | Callable[[], Engine], settings: Settings | None 
             "total_slots": len(engine.slots),
             "model_alias": model_name(),
             "model_path": str(engine.model.path),
-            "modalities": {"vision": False, "audio": False},
+            "modalities": {"vision": False, "video": False, "audio": False},
             "endpoint_slots": settings.slots,
             "endpoint_metrics": settings.metrics,
             "chat_template": engine.model.meta("tokenizer.chat_template") or "",

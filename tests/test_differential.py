@@ -1,0 +1,323 @@
+"""Differential test: one table of requests, sent to llmkit's slot server and to the real llama-server.
+
+Both run the same llama.cpp (llama-cpp-python's vendored copy; ``launch.serve("llama-server")``
+builds it once) on the same model with the same flags. Per request we compare the HTTP
+status, the JSON *shape* (keys and value types, recursively; int and float are one
+"number"; a list is the set of its elements' shapes) and, for a stream, the sequence of
+its events' shapes (runs of equal shapes counted once) and whether ``data: [DONE]`` ends
+it. Some rows also compare values (``same``): greedy text, token counts, error types.
+
+Every difference must be listed in ``INTENDED`` with its reason; a listed difference that
+no longer occurs fails too, so the list stays true.
+
+llama-server serves embeddings only when started with ``--embeddings`` ("restrict to only
+support embedding use case", its --help), and then still generates, but in a mode meant for
+embedding models; so the embedding rows go to a third llama-server, started with
+``--embeddings --pooling mean`` (llmkit's pooling), and the generation rows never touch it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import httpx
+import pytest
+
+from llmkit import launch
+from llmkit.server import metrics
+
+pytestmark = pytest.mark.timeout(1800)  # a first run builds llama-server (~13 min on 2 cores); then about 1 min
+
+FLAGS = ("-np", "2", "-c", "4096", "-t", "1", "--temp", "0", "--seed", "1", "--metrics")
+EMBEDDING_FLAGS = ("-np", "1", "-c", "2048", "-t", "1", "--embeddings", "--pooling", "mean")
+
+HELLO = [{"role": "user", "content": "Say hello."}]
+COUNT = "Count: 1, 2, 3, 4,"
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]}
+PERSON = [{"role": "user", "content": "Describe a person as JSON."}]
+CHAT = {"messages": HELLO, "max_tokens": 8}
+ERROR = ("error.code", "error.type")
+JSON_ANSWER = ("choices[0].message.content", "choices[0].finish_reason")
+
+
+# --- comparing ---------------------------------------------------------------------------
+
+
+def shape(x: Any) -> Any:
+    """The JSON value with every leaf replaced by its type; a list by its elements' distinct shapes."""
+    if isinstance(x, dict):
+        return {k: shape(v) for k, v in x.items()}
+    if isinstance(x, list):
+        shapes = []
+        for s in map(shape, x):
+            if s not in shapes:
+                shapes.append(s)
+        return shapes
+    if isinstance(x, bool):
+        return "bool"
+    if isinstance(x, (int, float)):
+        return "number"
+    return "null" if x is None else "string"
+
+
+ABSENT = "absent"
+
+
+def diff(ours: Any, theirs: Any, path: str = "") -> list[str]:
+    """Where two shapes differ, as ``"path: ours X, theirs Y"`` (a missing key or list item: ``absent``)."""
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        keys = [*ours, *(k for k in theirs if k not in ours)]
+        return [d for k in keys for d in diff(ours.get(k, ABSENT), theirs.get(k, ABSENT), f"{path}.{k}" if path else k)]
+    if isinstance(ours, list) and isinstance(theirs, list) and ours and theirs:
+        n = max(len(ours), len(theirs))
+        pad = lambda x: x + [ABSENT] * (n - len(x))  # noqa: E731
+        return [d for i, (a, b) in enumerate(zip(pad(ours), pad(theirs))) for d in diff(a, b, f"{path}[{i}]")]
+    return [] if ours == theirs else [f"{path}: ours {brief(ours)}, theirs {brief(theirs)}"]
+
+
+def brief(x: Any) -> str:
+    text = json.dumps(x)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def pick(x: Any, path: str) -> Any:
+    """A value by its path, ``usage.prompt_tokens`` or ``choices[0].text``."""
+    for part in re.findall(r"[^.\[\]]+", path):
+        if isinstance(x, list) and part.isdigit() and int(part) < len(x):
+            x = x[int(part)]
+        elif isinstance(x, dict):
+            x = x.get(part)
+        else:
+            return None
+    return x
+
+
+# --- the requests ------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    name: str
+    path: str
+    body: Any = None  # None: GET; bytes: sent as they are; anything else: JSON
+    server: str = "main"  # or "embedding": llama-server needs --embeddings for these
+    repeat: int = 1  # send it this many times, compare the last answer
+    view: Callable[[Any], Any] = shape  # what of an answer's JSON is compared
+    same: tuple[str, ...] = ()  # paths whose values must be equal too
+    common: tuple[str, ...] = ()  # paths where only the keys both servers have are compared
+
+    @property
+    def stream(self) -> bool:
+        return isinstance(self.body, dict) and self.body.get("stream", False)
+
+
+# the /props keys both servers have (llama-server has more: webui, tokens, template caps, ...)
+PROPS = ["default_generation_settings", "total_slots", "model_alias", "model_path", "modalities",
+         "endpoint_slots", "endpoint_metrics", "chat_template", "build_info"]  # fmt: skip
+
+
+class AnyCounts:
+    """An engine whose every count is 0: enough for ``metrics.gauges`` to list its names."""
+
+    def __getattr__(self, name: str) -> Any:
+        return self if name == "counters" else 0
+
+
+METRIC_NAMES = [*metrics.COUNTERS, *metrics.gauges(AnyCounts())]  # every name llmkit's /metrics writes
+
+
+def metrics_view(text: str) -> dict:
+    """Which of llmkit's metric names the text has (a sample line ``llamacpp:<name> <value>``)."""
+    return {n: re.search(rf"^{re.escape(metrics.PREFIX + n)}(\{{.*\}})? ", text, re.M) is not None for n in METRIC_NAMES}
+
+
+ROWS = [
+    # chat
+    Row("chat", "/v1/chat/completions", CHAT, same=("choices[0].message.content", "usage.prompt_tokens")),
+    Row("chat stream", "/v1/chat/completions", {**CHAT, "stream": True}),
+    Row("chat stream usage", "/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"include_usage": True}}),
+    Row("chat logprobs", "/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 2}),
+    Row("chat stream logprobs", "/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 2, "stream": True}),
+    Row("chat cached", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Repeat after me: " + "slots " * 40}], "max_tokens": 4},
+        repeat=2, same=("usage.prompt_tokens", "usage.prompt_tokens_details.cached_tokens")),  # fmt: skip
+    Row("chat without /v1", "/chat/completions", CHAT),
+    Row("chat eos", "/v1/chat/completions", {"messages": HELLO, "max_tokens": 64},
+        same=("choices[0].message.content", "choices[0].finish_reason", "usage.completion_tokens")),  # fmt: skip
+    # OpenAI text completion
+    Row("completions", "/v1/completions", {"prompt": COUNT, "max_tokens": 8}, same=("choices[0].text",)),
+    Row("completions stream", "/v1/completions", {"prompt": COUNT, "max_tokens": 8, "stream": True}),
+    Row("completions stream usage", "/v1/completions",
+        {"prompt": COUNT, "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True}}),  # fmt: skip
+    Row("completions logprobs", "/v1/completions", {"prompt": COUNT, "max_tokens": 4, "logprobs": 2}),
+    # llama-server's own completion
+    Row("completion", "/completion", {"prompt": COUNT, "n_predict": 8}, same=("content", "tokens_evaluated", "stop_type")),
+    Row("completion n_probs", "/completion", {"prompt": COUNT, "n_predict": 4, "n_probs": 2}),
+    Row("completion stream", "/completion", {"prompt": COUNT, "n_predict": 8, "stream": True}),
+    Row("completion stream n_probs", "/completion", {"prompt": COUNT, "n_predict": 4, "n_probs": 2, "stream": True}),
+    Row("completions without /v1", "/completions", {"prompt": COUNT, "n_predict": 8}),
+    # structured output
+    Row("response_format json_schema", "/v1/chat/completions",
+        {"messages": PERSON, "max_tokens": 24, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}},
+        same=JSON_ANSWER),  # fmt: skip
+    Row("json_schema", "/v1/chat/completions", {"messages": PERSON, "max_tokens": 24, "json_schema": SCHEMA}, same=JSON_ANSWER),
+    Row("grammar", "/v1/chat/completions", {"messages": HELLO, "max_tokens": 8, "grammar": 'root ::= "yes" | "no"'},
+        same=("choices[0].message.content",)),  # fmt: skip
+    # tokens
+    Row("tokenize", "/tokenize", {"content": "Hello world"}, same=("tokens",)),
+    Row("tokenize with_pieces", "/tokenize", {"content": "Hello wörld", "with_pieces": True}, same=("tokens",)),
+    Row("tokenize bytes", "/tokenize", {"content": "\U0001f999 x", "with_pieces": True}, same=("tokens",)),
+    Row("detokenize", "/detokenize", {"tokens": [19556, 905]}, same=("content",)),
+    # embeddings
+    Row("v1/embeddings, no --embeddings", "/v1/embeddings", {"input": "The cat sat."}, same=("error.type",)),
+    Row("v1/embeddings", "/v1/embeddings", {"input": ["The cat sat.", "Stock prices fell."]}, server="embedding"),
+    Row("embedding", "/embedding", {"content": "The cat sat."}, server="embedding"),
+    Row("embeddings without /v1", "/embeddings", {"input": ["The cat sat.", "Stock prices fell."]}, server="embedding"),
+    # server state
+    Row("apply-template", "/apply-template", {"messages": HELLO}, same=("prompt",)),
+    Row("v1/models", "/v1/models"),
+    Row("models", "/models"),
+    Row("health", "/health", same=("status",)),
+    Row("v1/health", "/v1/health"),
+    Row("props", "/props", view=lambda props: shape({k: props.get(k, "absent") for k in PROPS}), common=("default_generation_settings.params",)),
+    # errors
+    Row("invalid JSON", "/v1/chat/completions", b'{"messages": [', same=ERROR),
+    Row("body not an object", "/v1/chat/completions", [1, 2], same=ERROR),
+    Row("missing messages", "/v1/chat/completions", {"max_tokens": 8}, same=ERROR),
+    Row("max_tokens wrong type", "/v1/chat/completions", {**CHAT, "max_tokens": "x"}, same=ERROR),
+    Row("unknown response_format", "/v1/chat/completions", {**CHAT, "response_format": {"type": "yaml"}}, same=ERROR),
+    Row("prompt over context", "/v1/completions", {"prompt": "hello " * 2100, "max_tokens": 4},
+        same=(*ERROR, "error.n_prompt_tokens", "error.n_ctx")),  # fmt: skip
+    Row("prompt over context, streamed", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hello " * 2100}], "stream": True},
+        same=(*ERROR, "error.n_ctx")),  # fmt: skip
+    Row("completion bad prompt", "/completion", {"prompt": 42}, same=ERROR),
+    Row("completions missing prompt", "/v1/completions", {"max_tokens": 4}, same=ERROR),
+    Row("unknown route", "/v1/nothing", {"x": 1}, same=(*ERROR, "error.message")),
+    # after the generations: the slots have been used, the counters counted
+    Row("slots", "/slots", view=lambda slots: [shape(s) for s in slots], common=("",)),
+    Row("metrics", "/metrics", view=metrics_view),
+]
+
+
+# --- what differs, and why (the ONE list) ------------------------------------------------
+# (rows, difference, reason): the rows by name, the difference as the start of a diff line
+# ("path: ours X, theirs Y"; ``*`` matches anything). Every entry must match a difference in
+# each of its rows, and every difference must be matched.
+
+CHAT_ROWS = ("chat", "chat stream", "chat stream usage", "chat stream logprobs", "chat cached", "chat without /v1", "chat eos",
+             "response_format json_schema", "json_schema", "grammar")  # fmt: skip
+NATIVE_ROWS = ("completion", "completion n_probs", "completion stream", "completion stream n_probs", "completions without /v1")
+
+INTENDED: list[tuple[tuple[str, ...], str, str]] = [
+    (CHAT_ROWS, '*choices[0].logprobs: ours "null", theirs "absent"',
+     "OpenAI's chat schema has logprobs: null in every choice; llama-server leaves the key out when it has none"),
+    (("chat eos",), "values.usage.completion_tokens",
+     "llmkit counts the answer's tokens (as its sequential server, which notebook 03 compares); llama-server also counts the end token it sampled"),
+    (("response_format json_schema", "json_schema"), "values.choices[0].message.content",
+     "llmkit's JSON grammar allows one optional space between tokens (llama-cpp-python's SPACE_RULE); llama.cpp's also newlines and indentation"),
+    (("completions stream",), 'events[1].usage: ours "absent"',
+     "llmkit follows OpenAI: usage only with stream_options.include_usage; llama-server's to_json_oaicompat puts it on every final chunk"),
+    (("completions stream usage",), 'events[1].usage: ours "absent"',
+     "with include_usage llmkit sends OpenAI's usage chunk (choices: [], as llama-server does for chat), not usage on the finish_reason chunk"),
+    (("completions stream usage",), 'events[1].timings: ours "absent"', "the same: timings ride on the last chunk, here the usage chunk"),
+    (("completions stream usage",), 'events[2]: ours {*theirs "absent"', "the same: llmkit's separate usage chunk"),
+    (("completions logprobs",), 'body.choices[0].logprobs.*theirs "absent"',
+     "llmkit adds OpenAI's legacy text-completion lists (tokens, token_logprobs, top_logprobs) beside llama-server's content"),
+    (NATIVE_ROWS, '*generation_settings.*: ours "absent"',
+     "generation_settings lists the sampling settings llmkit has; llama-server's task_params::to_json adds dry, xtc, mirostat, ..."),
+    (("v1/models", "models"), 'body.models: ours "absent"', "llama-server adds an Ollama-style model list; llmkit answers OpenAI's list only"),
+    (("v1/models", "models"), 'body.data[0].*: ours "absent"',
+     "llama-server's model object adds aliases, tags, meta.vocab_type and meta.ftype; llmkit's meta has the sizes only"),
+    (("v1/embeddings, no --embeddings",), "status: ours 200, theirs 501",
+     "llmkit always serves embeddings (its own mean-pooling context); llama-server only in --embeddings mode"),
+    (("v1/embeddings, no --embeddings",), "body.*", "the same: an embedding list against llama-server's 501 error"),
+    (("v1/embeddings, no --embeddings",), "values.error.*", "the same: no error here"),
+    (("invalid JSON",), "status: ours 400, theirs 500",
+     "llama-server's json::parse throws inside ex_wrapper, which answers 500; llmkit chooses the 4xx of a client error"),
+    (("invalid JSON",), "values.error.*", "the same: code 400 and invalid_request_error against 500 and server_error"),
+    (("metrics",), "body.decode_seconds_total: ours true, theirs false", "llmkit's own counter: time inside llama_decode"),
+    (("metrics",), "body.step_seconds_total: ours true, theirs false", "llmkit's own counter: the whole engine step (with Python)"),
+]
+
+
+def matches(pattern: str, difference: str) -> bool:
+    """``pattern`` (``*``: anything) matches the start of ``difference``, up to the end of a path part."""
+    regex = ".*".join(map(re.escape, pattern.split("*")))
+    return re.match(rf"{regex}(?=$|[:.\[,])", difference) is not None
+
+
+# --- running -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """llmkit's slot server, llama-server, and llama-server with --embeddings; started at once."""
+    kinds = {"ours": ("slots", FLAGS), "theirs": ("llama-server", FLAGS), "theirs embedding": ("llama-server", EMBEDDING_FLAGS)}
+    with contextlib.ExitStack() as stack, concurrent.futures.ThreadPoolExecutor(len(kinds)) as pool:
+        futures = {name: pool.submit(launch.start, kind, *flags, timeout=300) for name, (kind, flags) in kinds.items()}
+        concurrent.futures.wait(futures.values())
+        for future in futures.values():
+            if future.exception() is None:
+                stack.callback(future.result().stop)
+        yield {name: future.result() for name, future in futures.items()}  # raises if one failed: the others stop
+
+
+def send(url: str, row: Row) -> dict:
+    """The comparable view of one answer: status, then its JSON (or stream events, or text)."""
+    if row.body is None:
+        method, kwargs = "GET", {}
+    elif isinstance(row.body, bytes):
+        method, kwargs = "POST", {"content": row.body, "headers": {"Content-Type": "application/json"}}
+    else:
+        method, kwargs = "POST", {"json": row.body}
+    for _ in range(row.repeat):
+        with httpx.stream(method, url + row.path, timeout=120, **kwargs) as r:
+            raw = r.read()
+    answer = {"status": r.status_code}
+    if r.status_code == 200 and row.stream:
+        events = [e.removeprefix(b"data: ") for e in raw.strip().split(b"\n\n")]
+        answer["done"] = events[-1] == b"[DONE]"
+        shapes = [shape(json.loads(e)) for e in events if e != b"[DONE]"]
+        answer["events"] = [s for i, s in enumerate(shapes) if i == 0 or s != shapes[i - 1]]
+        return answer
+    content_type = r.headers.get("content-type", "")
+    answer["content_type"] = content_type.split(";")[0]
+    if row.path == "/metrics":
+        answer["body"] = row.view(raw.decode())
+        return answer
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        answer["body"] = f"not JSON: {raw[:100]!r}"
+        return answer
+    answer["body"] = row.view(data)
+    answer["values"] = {p: pick(data, p) for p in row.same}
+    return answer
+
+
+def keep_common(a: Any, b: Any) -> None:
+    """Drop the keys only one side has (in two dicts, or in each pair of two lists' dicts)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in a.keys() ^ b.keys():
+            a.pop(k, None), b.pop(k, None)
+    elif isinstance(a, list) and isinstance(b, list):
+        for x, y in zip(a, b):
+            keep_common(x, y)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: r.name)
+def test_same_as_llama_server(servers, row):
+    theirs_url = servers["theirs embedding" if row.server == "embedding" else "theirs"].url
+    ours, theirs = send(servers["ours"].url, row), send(theirs_url, row)
+    for path in row.common:
+        keep_common(pick(ours.get("body"), path), pick(theirs.get("body"), path))
+    differences = diff(ours, theirs)
+    intended = [pattern for rows, pattern, _ in INTENDED if row.name in rows]
+    unexplained = [d for d in differences if not any(matches(p, d) for p in intended)]
+    stale = [p for p in intended if not any(matches(p, d) for d in differences)]
+    assert not unexplained, "differences not in INTENDED:\n" + "\n".join(unexplained)
+    assert not stale, "listed in INTENDED but no longer different: " + ", ".join(stale)
