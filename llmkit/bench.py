@@ -58,6 +58,7 @@ TEXTS = [
     "spring, summer, autumn, winter, rain, snow, wind, sun, cloud, storm, fog, ice, heat, cold, morning, evening, night",
 ]
 RAW = "raw decode (no server)"
+NO_BUDGET = "slots, no budget"
 GROWTH_LIMIT = 1.03  # soak: last RSS sample / first (after 100 requests) must stay under this
 
 
@@ -69,12 +70,15 @@ class Config:
     model: str | None = None
     urls: dict[str, str] = field(default_factory=dict)  # name -> base URL of an OpenAI-compatible server
     out: Path = Path("bench-results")
-    skip: frozenset[str] = frozenset()  # any of: sequential, slots, llama-server, raw, prefix
+    skip: frozenset[str] = frozenset()  # any of: sequential, slots, no-budget, llama-server, raw, prefix, arrivals
     ctx_per_slot: int = 1024
     prefix_tokens: int = 800
     cache_prompt: bool = False  # let servers reuse cached prompts in the concurrency levels
     soak: int = 0  # requests in the soak test (0: no soak)
     rounds: int = 1  # runs of each concurrency level per server; the median run is reported
+    arrivals: tuple[int, ...] = (1, 4)  # running streams in the arrivals scenario (empty: skip it)
+    arrival_prompts: int = 3  # long prompts arriving at once
+    arrival_tokens: int = 350  # tokens of each arriving prompt
     soak_every: int = 100
 
 
@@ -120,6 +124,7 @@ class Stream:
     done: float
     tokens: int
     cached: int | None = None  # prompt tokens the server reused
+    times: list[float] = field(default_factory=list)  # when each piece of text arrived (perf_counter)
 
     @property
     def ttft(self) -> float:
@@ -130,9 +135,15 @@ class BenchError(RuntimeError):
     pass
 
 
-async def one_stream(client: httpx.AsyncClient, server: Server, path: str, body: dict, *, first_only: bool = False) -> Stream:
-    """Send one streamed request, read it to the end (or to the first token), count its tokens."""
+async def one_stream(
+    client: httpx.AsyncClient, server: Server, path: str, body: dict, *, first_only: bool = False, times: list[float] | None = None
+) -> Stream:
+    """Send one streamed request, read it to the end (or to the first token), count its tokens.
+
+    ``times`` (optional) gets the arrival time of each piece as it comes, for a caller that watches.
+    """
     sent = time.perf_counter()
+    times = [] if times is None else times
     first, chunks, reported, cached = None, 0, None, None
     async with aconnect_sse(client, "POST", server.url + path, json=body) as source:
         if source.response.status_code != 200:
@@ -154,10 +165,11 @@ async def one_stream(client: httpx.AsyncClient, server: Server, path: str, body:
                 cached = details.get("cached_tokens", timings.get("cache_n", cached))
             if got:
                 chunks += 1
-                first = first or time.perf_counter()
+                times.append(time.perf_counter())
+                first = first or times[-1]
                 if first_only:
                     break
-    return Stream(sent, first, time.perf_counter(), reported if reported is not None and not first_only else chunks, cached)
+    return Stream(sent, first, time.perf_counter(), reported if reported is not None and not first_only else chunks, cached, times)
 
 
 # --- one concurrency level ------------------------------------------------------------
@@ -366,6 +378,59 @@ async def prefix_reuse(server: Server, system: str, cfg: Config) -> dict:
     return {"server": server.name, "cold_ms": c, "warm_ms": w, "speedup": c / w, "cached_tokens": max(cached) if cached else None}
 
 
+# --- arrivals: a burst of long prompts while streams run ---------------------------------------
+
+
+def long_text(model_path: str | None, n_tokens: int, tag: str) -> str:
+    """About ``n_tokens`` tokens of made-up facts, starting with ``tag`` (so no two prompts share a prefix)."""
+    from llmkit.llama import Model
+
+    with Model(models.resolve_model(model_path)) as model:
+        lines = [f"{tag}. The harbour log of the week."]
+        while len(model.tokenize(" ".join(lines), add_special=False)) < n_tokens:
+            i = len(lines)
+            lines.append(f"Ship {i} came in from port {i * 7 % 23} with {i * 13 % 97} crates of {['tea', 'salt', 'wool'][i % 3]}.")
+        return " ".join(lines)
+
+
+async def arrivals(server: Server, running: int, prompts: list[str], cfg: Config) -> dict:
+    """``running`` streams generating, then ``len(prompts)`` long prompts at once.
+
+    While the burst is being read, how long do the running streams wait between two tokens
+    (p50, p99, max)? How long until the arrivals' first token? How many tokens per second in all?
+    A server that reads the whole burst in one step stalls the running streams for that step;
+    a per-step token budget (stall-free batching) bounds the stall.
+    """
+    async with http_client(running + len(prompts)) as client:
+        t0 = time.perf_counter()
+        watched = [[] for _ in range(running)]
+        streams = [asyncio.create_task(one_stream(client, server, *server.request(TEXTS[i % len(TEXTS)], cfg.max_tokens * 2), times=watched[i]))
+                   for i in range(running)]  # fmt: skip
+        while min(map(len, watched)) < 8 and not any(s.done() for s in streams):  # every stream is generating
+            await asyncio.sleep(0.005)
+        t_burst = time.perf_counter()
+        burst = await asyncio.gather(*(one_stream(client, server, *server.request(text, 16)) for text in prompts))
+        t_read = max(s.first or s.done for s in burst)  # the last arrival's first token: the burst is read
+        done = await asyncio.gather(*streams)
+    gaps = [b - a for times in watched for a, b in zip(times, times[1:]) if b > t_burst and a < t_read]
+    tokens = sum(s.tokens for s in done + burst)
+    ms = lambda q: 1e3 * float(np.percentile(gaps, q)) if gaps else None  # noqa: E731
+    return {"server": server.name, "running": running, "arrivals": len(prompts),
+            "gap_p50_ms": ms(50), "gap_p99_ms": ms(99), "gap_max_ms": ms(100),
+            "arrival_ttft_median_ms": 1e3 * float(np.median([s.ttft for s in burst])),
+            "arrival_ttft_max_ms": 1e3 * max(s.ttft for s in burst),
+            "tokens_per_s": tokens / (max(s.done for s in done + burst) - t0)}  # fmt: skip
+
+
+def arrivals_table(results: list[dict]) -> str:
+    head = ["server", "running", "arrivals", "gap p50 ms", "gap p99 ms", "gap max ms", "arrival TTFT median ms", "arrival TTFT max ms", "tok/s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        lines.append(f"| {r['server']} | {r['running']} | {r['arrivals']} | {fmt(r['gap_p50_ms'])} | {fmt(r['gap_p99_ms'])} | "
+                     f"{fmt(r['gap_max_ms'])} | {fmt(r['arrival_ttft_median_ms'])} | {fmt(r['arrival_ttft_max_ms'])} | {fmt(r['tokens_per_s'], '.1f')} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 # --- soak: memory over many requests ---------------------------------------------------------
 
 
@@ -475,7 +540,7 @@ def plot(rows: list[Row], path: Path) -> None:
     plt.close(fig)
 
 
-def judge(rows: list[Row], prefix: list[dict], soaked: dict | None, cfg: Config) -> list[tuple[str, str, str]]:
+def judge(rows: list[Row], prefix: list[dict], soaked: dict | None, cfg: Config, burst: list[dict] = ()) -> list[tuple[str, str, str]]:
     """The targets of issues #3/#4: (target, measured, PASS | FAIL | n/a). Ratios, not absolute numbers."""
     n = max(cfg.concurrency)
     at = {(r.server, r.concurrency): r for r in rows}
@@ -508,7 +573,18 @@ def judge(rows: list[Row], prefix: list[dict], soaked: dict | None, cfg: Config)
     r = soaked["growth"] if soaked else None
     note = f" ({soaked['rss_first_mb']:.0f} -> {soaked['rss_last_mb']:.0f} MB, peak {soaked['rss_peak_mb']:.0f} MB)" if soaked else ""
     check(f"slots RSS does not grow over the soak (last / first <= {GROWTH_LIMIT})", r, lambda x: x <= GROWTH_LIMIT, f"{r or 0:.3f}", note)
-    others = [s for s in dict.fromkeys(r.server for r in rows) if s not in ("sequential", "slots", RAW)]
+    nb = at.get((NO_BUDGET, n))
+    r = slots.tokens_per_s / nb.tokens_per_s if slots and nb else None
+    check(f"slots aggregate tok/s with the step budget >= 0.95x without it ({n} streams)", r, lambda x: x >= 0.95, f"{r or 0:.2f}x")
+    scene = {(b["server"], b["running"]): b for b in burst}
+    for k in cfg.arrivals:
+        ours, plain, real = scene.get(("slots", k)), scene.get((NO_BUDGET, k)), scene.get(("llama-server", k))
+        for other, limit in ((plain, "without it"), (real, "llama-server's")):
+            r = ours["gap_max_ms"] / other["gap_max_ms"] if ours and other and other["gap_max_ms"] else None
+            check(f"burst with {k} running: worst gap between two tokens with the budget <= 0.25x {limit}", r, lambda x: x <= 0.25, f"{r or 0:.2f}x")
+        r = ours["arrival_ttft_median_ms"] / plain["arrival_ttft_median_ms"] if ours and plain else None
+        check(f"burst with {k} running: arrivals' median first token with the budget <= 1.5x without it", r, lambda x: x <= 1.5, f"{r or 0:.2f}x")
+    others = [s for s in dict.fromkeys(r.server for r in rows) if s not in ("sequential", "slots", NO_BUDGET, RAW)]
     for other in others:  # for information: the production server(s) on the same prompts
         if slots and (o := at.get((other, n))):
             ratios = f"{slots.tokens_per_s / o.tokens_per_s:.2f}x, {slots.ttft_median_ms / o.ttft_median_ms:.2f}x"
@@ -532,6 +608,7 @@ class Results:
     markdown: str
     table_path: Path
     plot_path: Path
+    arrivals: list[dict] = field(default_factory=list)
 
 
 def server_flags(cfg: Config) -> list[str]:
@@ -551,6 +628,10 @@ def start_servers(cfg: Config, stack: contextlib.ExitStack) -> list[Server]:
         n = max(cfg.concurrency)
         p = stack.enter_context(launch.serve("slots", *common, "-np", str(n), "-c", str(n * cfg.ctx_per_slot), "--metrics"))
         servers.append(Server("slots", p.url, "openai", pid=p.process.pid))
+    if "no-budget" not in cfg.skip:  # the same slot server without its per-step token budget, as llama-server batches
+        n = max(cfg.concurrency)
+        p = stack.enter_context(launch.serve("slots", *common, "-np", str(n), "-c", str(n * cfg.ctx_per_slot), "--metrics", "--step-tokens", "0"))
+        servers.append(Server(NO_BUDGET, p.url, "openai", pid=p.process.pid))
     if "llama-server" not in cfg.skip:  # explicit -np: one KV stream per slot, as the slot server
         n = max(cfg.concurrency)
         p = stack.enter_context(launch.serve("llama-server", *common, "-np", str(n), "-c", str(n * cfg.ctx_per_slot), "--metrics"))
@@ -562,7 +643,7 @@ def start_servers(cfg: Config, stack: contextlib.ExitStack) -> list[Server]:
 
 def run(cfg: Config) -> Results:
     cfg.out.mkdir(parents=True, exist_ok=True)
-    prefix, soaked = [], None
+    prefix, burst, soaked = [], [], None
     with contextlib.ExitStack() as stack:
         raw = None
         if "raw" not in cfg.skip:
@@ -574,10 +655,16 @@ def run(cfg: Config) -> Results:
             system = long_system_prompt(cfg)
             for server in tqdm(servers, desc="prefix reuse", leave=False):
                 prefix.append(asyncio.run(prefix_reuse(server, system, cfg)))
+        if cfg.arrivals and "arrivals" not in cfg.skip:
+            scenes = [(server, k) for k in cfg.arrivals for server in servers]
+            for server, k in tqdm(scenes, desc="arrivals", leave=False):  # new prompts each time: nothing cached
+                tag = uuid.uuid4().hex[:12]
+                prompts = [long_text(cfg.model, cfg.arrival_tokens, f"Log {tag}-{j}") for j in range(cfg.arrival_prompts)]
+                burst.append(asyncio.run(arrivals(server, k, prompts, cfg)))
     if cfg.soak:
         with launch.serve("slots", "-np", "4", "-c", "8192", *server_flags(cfg)) as p:
             soaked = asyncio.run(soak(Server("slots (4 x 2048)", p.url, "openai", pid=p.process.pid), cfg))
-    targets = judge(rows, prefix, soaked, cfg)
+    targets = judge(rows, prefix, soaked, cfg, burst)
     plot_path, table_path = cfg.out / "bench.png", cfg.out / "results.md"
     plot(rows, plot_path)
     parts = [
@@ -587,12 +674,15 @@ def run(cfg: Config) -> Results:
     ]
     if prefix:
         parts.append(f"## Prefix reuse (~{cfg.prefix_tokens}-token shared prefix, first token only)\n\n" + prefix_table(prefix))
+    if burst:
+        parts.append(f"## Arrivals ({cfg.arrival_prompts} prompts of ~{cfg.arrival_tokens} tokens at once while streams run)\n\n"
+                     + arrivals_table(burst))
     if soaked:
         parts.append("## Soak (memory)\n\n" + soak_table(soaked))
     parts.append("## Targets\n\n" + targets_table(targets))
     markdown = "\n\n".join(parts) + "\n"
     table_path.write_text(markdown)
     data = {"config": {**asdict(cfg), "out": str(cfg.out), "skip": sorted(cfg.skip)}, "rows": [asdict(r) for r in rows],
-            "prefix": prefix, "soak": soaked, "targets": targets}  # fmt: skip
+            "prefix": prefix, "arrivals": burst, "soak": soaked, "targets": targets}  # fmt: skip
     (cfg.out / "results.json").write_text(json.dumps(data, indent=2))
-    return Results(rows, prefix, soaked, targets, markdown, table_path, plot_path)
+    return Results(rows, prefix, soaked, targets, markdown, table_path, plot_path, burst)

@@ -16,6 +16,7 @@ import logging
 import sys
 
 from llmkit import models
+from llmkit.engine.engine import DEFAULT_STEP_TOKENS
 
 LOG_FORMAT = "%(asctime)s %(levelname).1s %(name)s: %(message)s"
 
@@ -44,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     slots.add_argument("-c", "--ctx-size", type=int, default=8192, help="TOTAL context in tokens, split between the slots (default 8192)")
     slots.add_argument("-np", "--parallel", type=int, default=4, help="number of slots (default 4)")
     slots.add_argument("-b", "--batch-size", type=int, default=2048, help="max tokens per llama_decode (default 2048)")
+    slots.add_argument("--step-tokens", type=int, default=DEFAULT_STEP_TOKENS, metavar="N",
+                       help=f"token budget of one engine step: running streams first, then prompt chunks, so a burst of "
+                            f"long prompts does not stall them (default {DEFAULT_STEP_TOKENS}; 0: up to -b, as llama-server)")
     slots.add_argument("-n", "--n-predict", type=int, default=-1, help="default max tokens per request (-1: no limit)")
     slots.add_argument("--temp", type=float, default=0.8, help="default sampling temperature (default 0.8, 0 = greedy)")
     slots.add_argument("--alias", help="model name shown to clients (default: the GGUF file name)")
@@ -64,7 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-t", "--threads", type=int, default=None, help="CPU threads of the servers started here and of the raw loop")
     b.add_argument("-m", "--model", help="GGUF file (default: the embedded SmolLM2-135M-Instruct)")
     b.add_argument("-o", "--out", default="bench-results", help="output folder (default bench-results/)")
-    b.add_argument("--skip", nargs="+", default=[], choices=["sequential", "slots", "llama-server", "raw", "prefix"], help="leave out a server or a scenario (llama-server: the one built from the pinned llama.cpp)")
+    b.add_argument("--skip", nargs="+", default=[], choices=["sequential", "slots", "no-budget", "llama-server", "raw", "prefix", "arrivals"],
+                   help="leave out a server or a scenario (no-budget: the slot server with --step-tokens 0; llama-server: built from the pinned llama.cpp)")
+    b.add_argument("--arrivals", type=int, nargs="*", default=[1, 4], metavar="K",
+                   help="arrivals scenario: K streams running when long prompts arrive (default 1 4; none: skip)")
     b.add_argument("--ctx-per-slot", type=int, default=1024, help="slot server context per slot (default 1024)")
     b.add_argument("--prefix-tokens", type=int, default=800, help="shared prefix of the prefix-reuse scenario (default 800)")
     b.add_argument("--cache-prompt", action="store_true", help="let servers reuse cached prompts in the concurrency levels")
@@ -104,10 +111,14 @@ def serve_slots(args: argparse.Namespace) -> int:
     from llmkit.server import Settings, create_app
 
     path = models.resolve_model(args.model)  # a bad path fails here, before the server starts
+    if args.step_tokens and args.step_tokens < 2 * args.parallel:
+        print(f"llmkit: error: --step-tokens must be 0 or at least 2 x --parallel = {2 * args.parallel}", file=sys.stderr)
+        return 2
 
     def load() -> Engine:
         try:
-            return Engine(path, n_parallel=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads)
+            return Engine(path, n_parallel=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads,
+                          step_tokens=args.step_tokens)
         except BaseException:
             server.should_exit = True  # llama-server exits when the model does not load: so do we
             raise
@@ -160,6 +171,7 @@ def bench(args: argparse.Namespace) -> int:
     cfg = bench_.Config(
         concurrency=tuple(args.concurrency), max_tokens=args.max_tokens, threads=args.threads, model=args.model, urls=urls,
         out=Path(args.out), skip=frozenset(args.skip), ctx_per_slot=args.ctx_per_slot, prefix_tokens=args.prefix_tokens,
+        arrivals=tuple(args.arrivals),
         cache_prompt=args.cache_prompt, soak=args.soak, rounds=args.rounds,
     )  # fmt: skip
     try:

@@ -7,7 +7,7 @@ import json
 from llmkit import bench
 from llmkit.cli import build_parser
 
-SERVERS = (bench.RAW, "sequential", "slots", "llama-server")
+SERVERS = (bench.RAW, "sequential", "slots", bench.NO_BUDGET, "llama-server")
 COLUMNS = ["server", "streams", "tokens", "wall s", "aggregate tok/s", "TTFT median ms", "TTFT p90 ms",
            "per-stream tok/s", "busy slots/decode", "Python share of step"]  # fmt: skip
 
@@ -26,13 +26,14 @@ def markdown_table(text: str, header_start: str) -> list[list[str]]:
 
 
 def test_bench_tiny_run(tmp_path):
-    cfg = bench.Config(concurrency=(1, 2), max_tokens=8, threads=1, out=tmp_path, prefix_tokens=60, soak=6, soak_every=3, rounds=2)
+    cfg = bench.Config(concurrency=(1, 2), max_tokens=8, threads=1, out=tmp_path, prefix_tokens=60, soak=6, soak_every=3, rounds=2,
+                       arrivals=(1,), arrival_prompts=2, arrival_tokens=60)
     results = bench.run(cfg)
 
     assert {(r.server, r.concurrency) for r in results.rows} == {(s, c) for s in SERVERS for c in (1, 2)}
     for r in results.rows:
         assert r.tokens > 0 and r.tokens_per_s > 0, r
-        if r.server == "slots":  # ignore_eos: exactly max_tokens per stream
+        if r.server in ("slots", bench.NO_BUDGET):  # ignore_eos: exactly max_tokens per stream
             assert r.tokens == 8 * r.concurrency and r.ttft_median_ms > 0 and r.busy_slots_per_decode >= 1
         if r.server == bench.RAW:  # the same work as a server's row: prefill counted in the wall time
             assert r.tokens == 8 * r.concurrency and r.seconds * 1e3 > r.ttft_median_ms > 0
@@ -50,16 +51,24 @@ def test_bench_tiny_run(tmp_path):
     assert all(len(row) == len(COLUMNS) for row in table)
 
     prefix = markdown_table(saved, "| server | cold TTFT")
-    assert [row[0] for row in prefix[1:]] == ["sequential", "slots", "llama-server"]
+    assert [row[0] for row in prefix[1:]] == ["sequential", "slots", bench.NO_BUDGET, "llama-server"]
+    burst = markdown_table(saved, "| server | running")
+    assert [(row[0], row[1], row[2]) for row in burst[1:]] == [(s, "1", "2") for s in SERVERS[1:]]
+    for scene in results.arrivals:  # two arrivals' first tokens, gaps of the running stream while they were read
+        assert scene["arrival_ttft_max_ms"] >= scene["arrival_ttft_median_ms"] > 0 and scene["tokens_per_s"] > 0
+        if scene["server"] != "sequential":  # the sequential server reads the arrivals after the stream: no gap
+            assert scene["gap_max_ms"] >= scene["gap_p99_ms"] >= scene["gap_p50_ms"] > 0
     assert "## Soak (memory)" in saved and results.soak["requests"] == 6 and len(results.soak["samples"]) == 3
 
     targets = markdown_table(saved, "| target |")
-    assert len(targets) == 1 + 6 and all(row[2] in ("PASS", "FAIL", "n/a", "info") for row in targets[1:])
+    assert all(row[2] in ("PASS", "FAIL", "n/a", "info") for row in targets[1:])
+    assert sum(row[0].startswith("burst with 1 running") for row in targets) == 3
+    assert any(row[0].startswith("slots aggregate tok/s with the step budget") for row in targets)
     assert targets[-1][0].startswith("slots / llama-server") and targets[-1][2] == "info"
 
     assert results.plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads((tmp_path / "results.json").read_text())
-    assert len(data["rows"]) == 8 and data["config"]["max_tokens"] == 8
+    assert len(data["rows"]) == 10 and len(data["arrivals"]) == 4 and data["config"]["max_tokens"] == 8
 
 
 def test_bench_command_line():

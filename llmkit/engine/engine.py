@@ -48,6 +48,11 @@ from llmkit.llama import Batch, Context, DecodeError, Model, SamplingParams
 
 log = logging.getLogger("llmkit.engine")
 
+# Tokens per step, by default (chosen by measurement on 2 CPU cores: see README, "Stall-free batching"):
+# a step that reads a prompt chunk costs about as much as its tokens, so this bounds the pause that a burst
+# of long prompts puts between two tokens of a running stream.
+DEFAULT_STEP_TOKENS = 128
+
 
 @dataclass
 class Counters:
@@ -61,6 +66,8 @@ class Counters:
     n_decode_total: int = 0
     n_busy_slots_total: int = 0  # summed over decodes: / n_decode_total = busy slots per decode
     n_tokens_decoded_total: int = 0  # batch sizes summed over decodes
+    batch_prompt_tokens_total: int = 0  # of which prompt tokens ...
+    batch_generated_tokens_total: int = 0  # ... and tokens sampled the step before (one per generating slot)
     decode_seconds_total: float = 0.0  # time inside llama_decode
     step_seconds_total: float = 0.0  # whole steps: decode + Python bookkeeping
     requests_finished_total: int = 0
@@ -68,6 +75,27 @@ class Counters:
 
     def snapshot(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def record_step(self, step: StepRecord) -> None:
+        self.n_decode_total += 1
+        self.n_busy_slots_total += step.n_slots
+        self.n_tokens_decoded_total += step.n_prompt + step.n_generated
+        self.batch_prompt_tokens_total += step.n_prompt
+        self.batch_generated_tokens_total += step.n_generated
+        self.decode_seconds_total += step.decode_seconds
+        self.step_seconds_total += step.seconds
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One engine step: when, how long, and what its batch held (``Engine.steps`` keeps the last ones)."""
+
+    t: float  # time.perf_counter() at the start of the step
+    seconds: float  # the whole step
+    decode_seconds: float  # of which inside llama_decode
+    n_prompt: int  # prompt tokens in the batch
+    n_generated: int  # tokens of generating slots in the batch
+    n_slots: int  # slots with a token in the batch
 
 
 class Engine:
@@ -77,6 +105,10 @@ class Engine:
     ``n_ctx // n_parallel`` tokens, in its own KV stream (``kv_unified=False``),
     which keeps a request's greedy output the same whether or not it shares
     the batch (measured: see the concurrency chapter).
+
+    ``step_tokens`` is the token budget of one step (``scheduler.build_batch``):
+    running streams first, then prompt chunks. 0 puts up to ``n_batch`` prompt
+    tokens in a step, as llama-server does, and running streams wait for it.
     """
 
     def __init__(
@@ -88,7 +120,11 @@ class Engine:
         n_batch: int = 2048,
         n_threads: int | None = None,
         kv_unified: bool = False,
+        step_tokens: int = DEFAULT_STEP_TOKENS,
     ):
+        if step_tokens and step_tokens < 2 * n_parallel:  # room for every running stream and a prompt chunk
+            raise ValueError(f"step_tokens must be 0 (no budget) or at least 2 x n_parallel = {2 * n_parallel}, not {step_tokens}")
+        self.step_tokens = step_tokens
         self._owns_model = not isinstance(model, Model)
         self.model = Model(models.resolve_model(model)) if self._owns_model else model
         try:
@@ -104,6 +140,7 @@ class Engine:
         self.batch = Batch(self.ctx.n_batch)
         self.waiting: deque[Request] = deque()
         self.counters = Counters()
+        self.steps: deque[StepRecord] = deque(maxlen=10_000)  # the last steps, for plots
         self._cond = threading.Condition()
         self._closing = False
         self._thread = threading.Thread(target=self.loop, name="llmkit-engine", daemon=True)
@@ -203,9 +240,10 @@ class Engine:
         for slot in self.slots:
             if slot.request is not None and slot.request.cancelled:
                 self.finish(slot, "cancelled")
-        in_batch = build_batch(self.slots, self.batch)
+        in_batch = build_batch(self.slots, self.batch, self.step_tokens)
         if not in_batch:
             return
+        n_generated = sum(slot.is_generating for slot in in_batch)
         t_decode = time.perf_counter()
         try:
             self.ctx.decode(self.batch)
@@ -213,16 +251,13 @@ class Engine:
             for slot in in_batch:
                 self.finish(slot, None, EngineError(str(exc)), keep_cache=False)
             return
-        t1 = time.perf_counter()
+        t_sample = time.perf_counter()
         for slot in in_batch:
             if slot.i_batch >= 0:
                 self.process_token(slot)
-        c = self.counters
-        c.n_decode_total += 1
-        c.n_busy_slots_total += len(in_batch)
-        c.n_tokens_decoded_total += self.batch.n_tokens
-        c.decode_seconds_total += t1 - t_decode
-        c.step_seconds_total += time.perf_counter() - t0
+        record = StepRecord(t0, time.perf_counter() - t0, t_sample - t_decode, self.batch.n_tokens - n_generated, n_generated, len(in_batch))
+        self.counters.record_step(record)
+        self.steps.append(record)
 
     def process_token(self, slot: Slot) -> None:
         """Sample one token for ``slot`` and deliver it (llama-server: process_token)."""

@@ -33,27 +33,33 @@ def choose_slot(slots: list[Slot], request: Request) -> Slot | None:
     return min(idle, key=lambda s: s.t_last_used)
 
 
-def build_batch(slots: list[Slot], batch: Batch) -> list[Slot]:
+def build_batch(slots: list[Slot], batch: Batch, budget: int = 0) -> list[Slot]:
     """Fill ``batch`` for one ``llama_decode``; return the slots that have a token in it.
 
     Mirrors the batch building in llama-server's ``pre_decode`` (called by ``update_slots``):
     1. every generating slot adds the token it sampled last step;
-    2. slots still reading their prompt add prompt tokens while the batch
-       has room (a long prompt continues next step: chunked prefill);
+    2. slots still reading their prompt add prompt tokens, oldest request
+       first, while the step has room (a long prompt continues next step:
+       chunked prefill);
     only a prompt's very last token asks for logits, since only there do we sample.
+
+    ``budget`` caps the tokens of one step (0: the batch's capacity, llama-server's
+    ``n_batch``). A small budget is stall-free batching (Sarathi-Serve; vLLM's chunked
+    prefill): a burst of long prompts is read a chunk per step while the running
+    streams keep getting a token every step, instead of waiting for one huge decode.
     """
     batch.clear()
+    limit = min(budget or batch.capacity, batch.capacity)
     used: list[Slot] = []
     for slot in slots:
         if slot.is_generating:
             slot.i_batch = batch.add(slot.last_token, slot.n_past, slot.id, logits=True)
             slot.cache_tokens.append(slot.last_token)
             used.append(slot)
-    for slot in slots:
-        if slot.request is None or slot.request.status is not Status.PROMPT:
-            continue
-        room = batch.capacity - batch.n_tokens
-        if room == 0:
+    reading = sorted((s for s in slots if s.request is not None and s.request.status is Status.PROMPT), key=lambda s: s.request.id)
+    for slot in reading:
+        room = limit - batch.n_tokens
+        if room <= 0:
             break
         chunk = slot.prompt_left[:room]
         last = slot.n_prompt_done + len(chunk) == len(slot.request.prompt)

@@ -32,6 +32,8 @@ COUNTERS = {  # counter name -> its help text (the same words as llama-server's)
     # llmkit's own (not in llama-server): their ratio is Python's share of each engine step
     "decode_seconds_total": "Time spent inside llama_decode()",
     "step_seconds_total": "Time spent in engine steps (llama_decode + Python)",
+    "batch_prompt_tokens_total": "Prompt tokens put in llama_decode() batches",
+    "batch_generated_tokens_total": "Tokens of generating slots put in llama_decode() batches (one per slot per step)",
 }
 
 
