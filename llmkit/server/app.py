@@ -185,6 +185,7 @@ def create_app(engine: Engine | Callable[[], Engine], settings: Settings | None 
             "endpoint_metrics": settings.metrics,
             "chat_template": engine.model.meta("tokenizer.chat_template") or "",
             "build_info": SYSTEM_FINGERPRINT,
+            "step_tokens": engine.step_tokens,  # llmkit's own: the per-step token budget (0: none, as llama-server)
         }
 
     # --- monitoring --------------------------------------------------------------
