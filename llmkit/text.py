@@ -39,16 +39,18 @@ class StopMatcher:
         self.stops = [s for s in stops if s]
         self._held = ""
         self.stopped = False
+        self.word = ""  # the stop string that matched (the earliest; at a tie, the first listed)
 
     def push(self, text: str) -> str:
         """Add text; return the part that is safe to emit. Sets ``stopped`` on a match."""
         if self.stopped:
             return ""
         self._held += text
-        hits = [i for i in (self._held.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for s in self.stops if (i := self._held.find(s)) >= 0]
         if hits:
+            at, self.word = min(hits, key=lambda hit: hit[0])
             self.stopped = True
-            out, self._held = self._held[: min(hits)], ""
+            out, self._held = self._held[:at], ""
             return out
         keep = max((self._partial_len(s) for s in self.stops), default=0)
         out, self._held = self._held[: len(self._held) - keep], self._held[len(self._held) - keep :]

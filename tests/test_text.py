@@ -47,6 +47,7 @@ def test_held_text_comes_out_at_flush():
 def test_earliest_of_several_stops_wins():
     m = StopMatcher(["world", "lo w"])
     assert feed(m, ["hello world"]) == "hel"
+    assert m.word == "lo w"  # the stop that matched, as llama-server's stopping_word
 
 
 def test_no_stops_passes_everything():

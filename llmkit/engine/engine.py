@@ -285,16 +285,11 @@ class Engine:
             slot.pending_logprobs.append(logprobs)
         self.deliver(slot, slot.stops.push(slot.detok.push(token)))
         if slot.stops.stopped:
-            request.stopping_word = self._stopping_word(request)
+            request.stopping_word = slot.stops.word
             self.finish(slot, "stop", stop_type="word")
         elif len(request.output) == params.max_tokens or slot.n_past >= slot.n_ctx:
             request.truncated = slot.n_past >= slot.n_ctx
             self.finish(slot, "length", stop_type="limit")
-
-    def _stopping_word(self, request: Request) -> str:
-        """The stop string that matched: the first (in the request's order) the text after the sent text starts with."""
-        rest = self.model.detokenize(request.output)[len(request.text) :]
-        return next((s for s in request.params.stop if s and rest.startswith(s)), "")
 
     def deliver(self, slot: Slot, text: str) -> None:
         """Send text with the tokens (and logprobs) it came from; held-back tokens wait for their text."""
