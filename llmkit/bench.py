@@ -624,18 +624,16 @@ def start_servers(cfg: Config, stack: contextlib.ExitStack) -> list[Server]:
     if "sequential" not in cfg.skip:
         p = stack.enter_context(launch.serve("sequential", *common, "-n", str(cfg.max_tokens)))
         servers.append(Server("sequential", p.url, "sequential", pid=p.process.pid))
-    if "slots" not in cfg.skip:
-        n = max(cfg.concurrency)
-        p = stack.enter_context(launch.serve("slots", *common, "-np", str(n), "-c", str(n * cfg.ctx_per_slot), "--metrics"))
-        servers.append(Server("slots", p.url, "openai", pid=p.process.pid))
-    if "no-budget" not in cfg.skip:  # the same slot server without its per-step token budget, as llama-server batches
-        n = max(cfg.concurrency)
-        p = stack.enter_context(launch.serve("slots", *common, "-np", str(n), "-c", str(n * cfg.ctx_per_slot), "--metrics", "--step-tokens", "0"))
-        servers.append(Server(NO_BUDGET, p.url, "openai", pid=p.process.pid))
-    if "llama-server" not in cfg.skip:  # explicit -np: one KV stream per slot, as the slot server
-        n = max(cfg.concurrency)
-        p = stack.enter_context(launch.serve("llama-server", *common, "-np", str(n), "-c", str(n * cfg.ctx_per_slot), "--metrics"))
-        servers.append(Server("llama-server", p.url, "openai", pid=p.process.pid))
+    n = max(cfg.concurrency)
+    slot_flags = [*common, "-np", str(n), "-c", str(n * cfg.ctx_per_slot), "--metrics"]  # explicit -np: one KV stream per slot
+    for name, skip, kind, extra in (
+        ("slots", "slots", "slots", []),
+        (NO_BUDGET, "no-budget", "slots", ["--step-tokens", "0"]),  # batches as llama-server does
+        ("llama-server", "llama-server", "llama-server", []),
+    ):
+        if skip not in cfg.skip:
+            p = stack.enter_context(launch.serve(kind, *slot_flags, *extra))
+            servers.append(Server(name, p.url, "openai", pid=p.process.pid))
     for name, url in cfg.urls.items():
         servers.append(Server(name, url.rstrip("/").removesuffix("/v1"), "openai"))
     return servers
