@@ -1,12 +1,15 @@
-"""Small HTTP helpers the notebooks use: stream from either server and time every piece.
+"""Small HTTP helpers the notebooks, the CLI and the bench use: stream from either server and time every piece.
 
     r = stream_translation(seq.url, "Good morning", "French")
     r = stream_chat(slots.url, [{"role": "user", "content": "Hi"}], max_tokens=32)
     r.text, r.ttft, r.times                 # what arrived, and when
     results = concurrently(stream_chat, [(url, msgs)] * 8)   # 8 clients at once
+    r = await astream(async_client, url + "/v1/chat/completions", body, chat_piece)   # the same, in asyncio
 
-Both servers speak SSE; the events are parsed with httpx-sse. To see the
-bytes on the wire, a plain ``httpx.post(...).content`` is all it takes.
+Both servers speak SSE; the events are parsed with httpx-sse, and one reader
+(``_Reader``) turns them into a ``StreamResult`` for the blocking and the
+asyncio paths alike. To see the bytes on the wire, a plain
+``httpx.post(...).content`` is all it takes.
 """
 
 from __future__ import annotations
@@ -47,68 +50,129 @@ class StreamResult:
         return self.times[0] if self.times else float("nan")
 
     @property
+    def t_first(self) -> float:
+        """time.perf_counter() when the first piece arrived (when the stream ended, if none did)."""
+        return self.t_sent + self.times[0] if self.times else self.t_done
+
+    @property
     def seconds(self) -> float:
         return self.t_done - self.t_sent
 
     @property
     def n_tokens(self) -> int:
-        """Generated tokens: the server's own count when it sent usage, else the number of pieces."""
-        usage = (self.final or {}).get("usage") or {}
-        return usage.get("completion_tokens", len(self.pieces))
+        """Generated tokens: the server's own count when it sent one (usage, llama-server's timings), else the number of pieces."""
+        final = self.final or {}
+        usage, timings = final.get("usage") or {}, final.get("timings") or {}
+        return usage.get("completion_tokens", timings.get("predicted_n", len(self.pieces)))
+
+    @property
+    def cached_tokens(self) -> int | None:
+        """Prompt tokens the server reused from its cache, if it said so (OpenAI's usage, llama-server's timings)."""
+        final = self.final or {}
+        details = (final.get("usage") or {}).get("prompt_tokens_details") or {}
+        return details.get("cached_tokens", (final.get("timings") or {}).get("cache_n"))
 
 
 OnPiece = Callable[[str], None]  # called with each piece as it arrives (a widget, a progress bar)
+PieceOf = Callable[[Any], "str | None"]  # the text piece in one event's JSON, if any
 
 
-def _stream(url: str, body: dict, piece_of: Callable[[Any], str | None], headers: dict | None = None, on_piece: OnPiece | None = None) -> StreamResult:
-    result = StreamResult(status=0)
-    with httpx.Client(timeout=TIMEOUT) as client:
-        result.t_sent = time.perf_counter()
-        with client.stream("POST", url, json=body, headers=headers) as response:
-            result.status = response.status_code
-            if response.status_code != 200:
-                response.read()
-                body = response.json()
-                result.error = body.get("error", body) if isinstance(body, dict) else body
-                result.t_done = time.perf_counter()
-                return result
-            for event in EventSource(response).iter_sse():
-                if event.data == "[DONE]":
-                    break
-                data = json.loads(event.data)
-                if isinstance(data, dict) and "error" in data:
-                    result.error = data["error"]
-                    break
-                piece = piece_of(data)
-                if isinstance(data, dict):
-                    result.final = data
-                if piece:
-                    result.pieces.append(piece)
-                    result.times.append(time.perf_counter() - result.t_sent)
-                    if on_piece is not None:
-                        on_piece(piece)
-    result.t_done = time.perf_counter()
-    return result
+def translation_piece(data: Any) -> str | None:
+    """The sequential server's events: every one is a token's text as a JSON string."""
+    return data if isinstance(data, str) else None
 
 
-def stream_translation(url: str, text: str, target_lang: str = "ja", *, on_piece: OnPiece | None = None) -> StreamResult:
-    """POST /translate/stream on the sequential server: every event is one token as a JSON string."""
-    return _stream(f"{url}/translate/stream", {"text": text, "target_lang": target_lang}, lambda data: data, on_piece=on_piece)
-
-
-def _delta(chunk: dict) -> str | None:
-    choices = chunk.get("choices") or []
+def chat_piece(chunk: Any) -> str | None:
+    """An OpenAI chunk's text: the chat delta's content, or a text completion's text."""
+    choices = (chunk.get("choices") or []) if isinstance(chunk, dict) else []
     if not choices:
         return None
     choice = choices[0]
     return (choice.get("delta") or {}).get("content") if "delta" in choice else choice.get("text")
 
 
-def stream_chat(url: str, messages: list[dict], *, api_key: str | None = None, **params: Any) -> StreamResult:
+class _Reader:
+    """Fills a ``StreamResult`` from a response: its status, then one SSE event's data at a time."""
+
+    def __init__(self, piece_of: PieceOf, on_piece: OnPiece | None, first_only: bool):
+        self.piece_of, self.on_piece, self.first_only = piece_of, on_piece, first_only
+        self.result = StreamResult(status=0, t_sent=time.perf_counter())
+
+    def refused(self, response: httpx.Response) -> None:
+        """A non-200 answer (already read): its error."""
+        try:
+            body = response.json()
+        except ValueError:
+            body = response.text
+        self.result.error = body.get("error", body) if isinstance(body, dict) else body
+
+    def event(self, data: str) -> bool:
+        """Take one event's data; False when the stream is over ([DONE], an error event, or the first piece if that is all we want)."""
+        if data == "[DONE]":
+            return False
+        value = json.loads(data)
+        if isinstance(value, dict) and "error" in value:
+            self.result.error = value["error"]
+            return False
+        if isinstance(value, dict):
+            self.result.final = value
+        piece = self.piece_of(value)
+        if piece:
+            self.result.pieces.append(piece)
+            self.result.times.append(time.perf_counter() - self.result.t_sent)
+            if self.on_piece is not None:
+                self.on_piece(piece)
+            return not self.first_only
+        return True
+
+    def done(self) -> StreamResult:
+        self.result.t_done = time.perf_counter()
+        return self.result
+
+
+def stream(url: str, body: dict, piece_of: PieceOf, *, headers: dict | None = None, on_piece: OnPiece | None = None) -> StreamResult:
+    """POST ``body`` to ``url`` and read the SSE answer to its end (blocking)."""
+    with httpx.Client(timeout=TIMEOUT) as client:
+        reader = _Reader(piece_of, on_piece, first_only=False)
+        with client.stream("POST", url, json=body, headers=headers) as response:
+            reader.result.status = response.status_code
+            if response.status_code != 200:
+                response.read()
+                reader.refused(response)
+            else:
+                for event in EventSource(response).iter_sse():
+                    if not reader.event(event.data):
+                        break
+    return reader.done()
+
+
+async def astream(
+    client: httpx.AsyncClient, url: str, body: dict, piece_of: PieceOf, *, on_piece: OnPiece | None = None, first_only: bool = False
+) -> StreamResult:
+    """``stream`` in asyncio, on the caller's client (its limits and timeouts); ``first_only``: stop at the first piece."""
+    reader = _Reader(piece_of, on_piece, first_only)
+    async with client.stream("POST", url, json=body) as response:
+        reader.result.status = response.status_code
+        if response.status_code != 200:
+            await response.aread()
+            reader.refused(response)
+        else:
+            async for event in EventSource(response).aiter_sse():
+                if not reader.event(event.data):
+                    break
+    return reader.done()
+
+
+def stream_translation(url: str, text: str, target_lang: str = "ja", *, on_piece: OnPiece | None = None) -> StreamResult:
+    """POST /translate/stream on the sequential server: every event is one token as a JSON string."""
+    return stream(f"{url}/translate/stream", {"text": text, "target_lang": target_lang}, translation_piece, on_piece=on_piece)
+
+
+def stream_chat(url: str, messages: list[dict], *, api_key: str | None = None, on_piece: OnPiece | None = None, **params: Any) -> StreamResult:
     """POST /v1/chat/completions with stream=true on any OpenAI-compatible server."""
     body = {"model": "default", "messages": messages, "stream": True, "stream_options": {"include_usage": True}, **params}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    return _stream(f"{url}/v1/chat/completions", body, _delta, headers)
+    return stream(f"{url}/v1/chat/completions", body, chat_piece, headers=headers, on_piece=on_piece)
 
 
 def concurrently(fn: Callable[..., StreamResult], calls: list[tuple], *, stagger: float = 0.0) -> list[StreamResult]:

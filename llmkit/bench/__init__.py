@@ -1,0 +1,122 @@
+"""``llmkit bench``: the servers side by side, through HTTP, at 1, 2, 4 and 8 concurrent streams.
+
+    llmkit bench                                   # sequential vs slot server (both started here)
+    llmkit bench --url llama-server=http://127.0.0.1:8081 --soak 1000
+
+What one run measures (and writes to ``bench-results/``: results.md, results.json, bench.png):
+
+- an "engine limit": a plain loop on ``llmkit.llama`` decoding 1..8 sequences in
+  one batch per step, no server (``RawDecoder``);
+- every server at every concurrency level (``scenarios.all_levels``): each client
+  sends one streamed request; aggregate tokens/s = all generated tokens / (first
+  request sent -> last stream done), time to first token (TTFT), tokens/s per
+  stream, and from ``/metrics`` busy slots per decode and Python's share of each step;
+- prefix reuse (``scenarios.prefix_reuse``): TTFT of a request with a new ~800-token
+  system prompt (cold) vs the next ones that share it (warm);
+- arrivals (``scenarios.arrivals``): a burst of long prompts while 1 or 4 streams run;
+- with ``--soak N``: N short requests to a slot server with 4 slots of 2048
+  tokens, its resident memory sampled every 100 requests (``scenarios.soak``);
+- the targets, judged on ratios (``report.judge``).
+
+Every server gets the same prompts: the sequential server's translation prompt,
+sent to OpenAI-compatible servers as the chat message it renders to, so every
+server evaluates the same tokens. OpenAI-compatible requests use
+``ignore_eos`` so that every stream generates exactly ``max_tokens`` tokens, and
+``cache_prompt: false`` in the concurrency levels (no server reuses a previous
+level's prompt; ``--cache-prompt`` turns that off); prefix reuse has its own scenario.
+
+The package, one role per module:
+
+    config     Config, the names shared by every part
+    prompts    the texts, the translation prompt, long made-up texts of N tokens
+    servers    SequentialServer, OpenAIServer: each kind's request and stream; starting them
+    raw        RawDecoder: the same work on llama.cpp alone
+    scenarios  what is measured: all_levels, prefix_reuse, arrivals, soak
+    report     tables, plot, targets
+    run() (here) runs them all and writes the results
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from llmkit import launch
+from llmkit.bench import report
+from llmkit.bench.config import NO_BUDGET, RAW, BenchError, Config
+from llmkit.bench.prompts import LANG, TEXTS, chat_prompt, long_system_prompt, long_text
+from llmkit.bench.raw import RawDecoder
+from llmkit.bench.scenarios import Row, all_levels, arrivals, prefix_reuse, soak
+from llmkit.bench.servers import OpenAIServer, SequentialServer, Server, server_flags, start_servers
+
+__all__ = [
+    "LANG", "NO_BUDGET", "RAW", "TEXTS", "BenchError", "Config", "OpenAIServer", "RawDecoder", "Results", "Row",
+    "SequentialServer", "Server", "chat_prompt", "long_system_prompt", "long_text", "run",
+]  # fmt: skip
+
+
+@dataclass
+class Results:
+    rows: list[Row]
+    prefix: list[dict]
+    soak: dict | None
+    targets: list[tuple[str, str, str]]
+    markdown: str
+    table_path: Path
+    plot_path: Path
+    arrivals: list[dict] = field(default_factory=list)
+
+
+def run(cfg: Config) -> Results:
+    """Every scenario on every server not skipped; the tables, plot and JSON written to ``cfg.out``."""
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    prefix, burst, soaked = [], [], None
+    with contextlib.ExitStack() as stack:
+        raw = None
+        if "raw" not in cfg.skip:
+            raw = RawDecoder(cfg)
+            stack.callback(raw.close)
+        servers = start_servers(cfg, stack)
+        rows = asyncio.run(all_levels(servers, raw, cfg))
+        if "prefix" not in cfg.skip:
+            system = long_system_prompt(cfg.model, cfg.prefix_tokens)
+            for server in tqdm(servers, desc="prefix reuse", leave=False):
+                prefix.append(asyncio.run(prefix_reuse(server, system, cfg)))
+        if cfg.arrivals and "arrivals" not in cfg.skip:
+            scenes = [(server, k) for k in cfg.arrivals for server in servers]
+            for server, k in tqdm(scenes, desc="arrivals", leave=False):  # new prompts each time: nothing cached
+                tag = uuid.uuid4().hex[:12]
+                prompts = [long_text(cfg.model, cfg.arrival_tokens, f"Log {tag}-{j}") for j in range(cfg.arrival_prompts)]
+                burst.append(asyncio.run(arrivals(server, k, prompts, cfg)))
+    if cfg.soak:
+        with launch.serve("slots", "-np", "4", "-c", "8192", *server_flags(cfg)) as p:
+            soaked = asyncio.run(soak(OpenAIServer("slots (4 x 2048)", p.url, pid=p.process.pid), cfg))
+    targets = report.judge(rows, prefix, soaked, cfg, burst)
+    plot_path, table_path = cfg.out / "bench.png", cfg.out / "results.md"
+    report.plot(rows, plot_path)
+    parts = [
+        f"# llmkit bench: {max(cfg.concurrency)} streams max, {cfg.max_tokens} tokens each, threads {cfg.threads or os.cpu_count()}, "
+        f"median of {cfg.rounds} round{'s' * (cfg.rounds > 1)}",
+        "## Throughput and latency\n\n" + report.table(rows),
+    ]
+    if prefix:
+        parts.append(f"## Prefix reuse (~{cfg.prefix_tokens}-token shared prefix, first token only)\n\n" + report.prefix_table(prefix))
+    if burst:
+        parts.append(f"## Arrivals ({cfg.arrival_prompts} prompts of ~{cfg.arrival_tokens} tokens at once while streams run)\n\n"
+                     + report.arrivals_table(burst))  # fmt: skip
+    if soaked:
+        parts.append("## Soak (memory)\n\n" + report.soak_table(soaked))
+    parts.append("## Targets\n\n" + report.targets_table(targets))
+    markdown = "\n\n".join(parts) + "\n"
+    table_path.write_text(markdown)
+    data = {"config": {**asdict(cfg), "out": str(cfg.out), "skip": sorted(cfg.skip)}, "rows": [asdict(r) for r in rows],
+            "prefix": prefix, "arrivals": burst, "soak": soaked, "targets": targets}  # fmt: skip
+    (cfg.out / "results.json").write_text(json.dumps(data, indent=2))
+    return Results(rows, prefix, soaked, targets, markdown, table_path, plot_path, burst)

@@ -1,0 +1,33 @@
+"""What one bench run is asked to do (``Config``), and the names every part of it shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RAW = "raw decode (no server)"  # the row name of the raw loop
+NO_BUDGET = "slots, no budget"  # the slot server with --step-tokens 0
+
+
+@dataclass
+class Config:
+    concurrency: tuple[int, ...] = (1, 2, 4, 8)
+    max_tokens: int = 128
+    threads: int | None = None  # CPU threads for the servers we start and the raw loop (None: all cores)
+    model: str | None = None
+    urls: dict[str, str] = field(default_factory=dict)  # name -> base URL of an OpenAI-compatible server
+    out: Path = Path("bench-results")
+    skip: frozenset[str] = frozenset()  # any of: sequential, slots, no-budget, llama-server, raw, prefix, arrivals
+    ctx_per_slot: int = 1024
+    prefix_tokens: int = 800
+    cache_prompt: bool = False  # let servers reuse cached prompts in the concurrency levels
+    soak: int = 0  # requests in the soak test (0: no soak)
+    rounds: int = 1  # runs of each concurrency level per server; the median run is reported
+    arrivals: tuple[int, ...] = (1, 4)  # running streams in the arrivals scenario (empty: skip it)
+    arrival_prompts: int = 3  # long prompts arriving at once
+    arrival_tokens: int = 350  # tokens of each arriving prompt
+    soak_every: int = 100
+
+
+class BenchError(RuntimeError):
+    pass

@@ -1,0 +1,58 @@
+"""What the bench sends: texts to translate, the translation prompt, long made-up texts of a given token count."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+from llmkit import models
+
+LANG = "French"
+# Texts the default model translates (greedy) into at least 128 tokens: the sequential
+# server has no ignore_eos, and a short answer would make it look slower per token.
+TEXTS = [
+    "Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday, January, February, March, April, May, June, July, August",
+    "red, blue, green, yellow, black, white, orange, purple, brown, pink, grey, gold, silver, one, two, three, four, five, six, seven",
+    "The cat sleeps. The dog runs. The bird sings. The fish swims. The horse eats. The cow sleeps. The duck swims. The child plays.",
+    "I like tea. I like coffee. I like milk. I like water. I like juice. I like soup. I like bread. I like rice. I like fish.",
+    "Dear friend, thank you for your letter. We are well. The weather is warm. The children are at school. We miss you.",
+    "First, boil the water. Then add the pasta. Wait ten minutes. Add salt. Drain the pasta. Add the sauce. Serve it hot.",
+    "The sun rises. The sun sets. The moon rises. The moon sets. The stars shine. The wind blows. The rain falls. The snow melts.",
+    "spring, summer, autumn, winter, rain, snow, wind, sun, cloud, storm, fog, ice, heat, cold, morning, evening, night",
+]
+
+
+def chat_prompt(text: str) -> str:
+    """The sequential server's translation prompt for ``text``: what OpenAI-compatible servers get as the user's message."""
+    from llmkit.sequential.translator import PROMPT
+
+    return PROMPT.format(lang=LANG, text=text)
+
+
+def made_up_text(model_path: str | None, n_tokens: int, first: str, line: Callable[[int], str], sep: str = " ") -> str:
+    """``first``, then ``line(1)``, ``line(2)``, ... joined by ``sep``, until the text has about ``n_tokens`` tokens."""
+    from llmkit.llama import Model
+
+    with Model(models.resolve_model(model_path)) as model:
+        lines = [first]
+        while len(model.tokenize(sep.join(lines), add_special=False)) < n_tokens:
+            lines.append(line(len(lines)))
+        return sep.join(lines)
+
+
+def long_text(model_path: str | None, n_tokens: int, tag: str) -> str:
+    """About ``n_tokens`` tokens of a made-up harbour log, starting with ``tag`` (so no two prompts share a prefix)."""
+    return made_up_text(
+        model_path, n_tokens, f"{tag}. The harbour log of the week.",
+        lambda i: f"Ship {i} came in from port {i * 7 % 23} with {i * 13 % 97} crates of {['tea', 'salt', 'wool'][i % 3]}.",
+    )  # fmt: skip
+
+
+def long_system_prompt(model_path: str | None, n_tokens: int) -> str:
+    """About ``n_tokens`` tokens of a made-up library catalogue, new to every run (a random tag first)."""
+    return made_up_text(
+        model_path, n_tokens, f"Session {uuid.uuid4().hex[:12]}. You answer questions about the catalogue of the Harbour Library.",
+        lambda i: f"Item {i}: a {['blue', 'red', 'green', 'old'][i % 4]} book about {['ships', 'birds', 'maps', 'bread'][i % 3]}, "
+                  f"shelf {i * 7 % 31}, catalogued in {1900 + i}.",
+        sep="\n",
+    )  # fmt: skip

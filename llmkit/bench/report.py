@@ -1,0 +1,139 @@
+"""What a bench run writes: markdown tables, the plot, and the targets judged on ratios measured in the same run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llmkit.bench.config import NO_BUDGET, RAW, Config
+from llmkit.bench.scenarios import Row
+
+GROWTH_LIMIT = 1.03  # soak: last RSS sample / first (after 100 requests) must stay under this
+
+
+def fmt(value: float | None, spec: str = ".0f", suffix: str = "") -> str:
+    return "—" if value is None else f"{value:{spec}}{suffix}"
+
+
+def table(rows: list[Row]) -> str:
+    columns = ["server", "streams", "tokens", "wall s", "aggregate tok/s", "TTFT median ms", "TTFT p90 ms",
+               "per-stream tok/s", "busy slots/decode", "Python share of step"]  # fmt: skip
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        share = fmt(None if r.python_share is None else 100 * r.python_share, ".1f", " %")
+        lines.append(
+            f"| {r.server} | {r.concurrency} | {r.tokens} | {r.seconds:.2f} | {r.tokens_per_s:.1f} | {fmt(r.ttft_median_ms)} | "
+            f"{fmt(r.ttft_p90_ms)} | {fmt(r.stream_tokens_per_s, '.1f')} | {fmt(r.busy_slots_per_decode, '.2f')} | {share} |"
+        )
+    return "\n".join(lines)
+
+
+def prefix_table(results: list[dict]) -> str:
+    lines = ["| server | cold TTFT ms | warm TTFT ms | cold / warm | cached tokens (warm) |", "|---|---|---|---|---|"]
+    for p in results:
+        cached = fmt(p["cached_tokens"], "d")
+        lines.append(f"| {p['server']} | {p['cold_ms']:.0f} | {p['warm_ms']:.0f} | {p['speedup']:.1f}x | {cached} |")
+    return "\n".join(lines)
+
+
+def arrivals_table(results: list[dict]) -> str:
+    head = ["server", "running", "arrivals", "gap p50 ms", "gap p99 ms", "gap max ms", "arrival TTFT median ms", "arrival TTFT max ms", "tok/s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        lines.append(f"| {r['server']} | {r['running']} | {r['arrivals']} | {fmt(r['gap_p50_ms'])} | {fmt(r['gap_p99_ms'])} | "
+                     f"{fmt(r['gap_max_ms'])} | {fmt(r['arrival_ttft_median_ms'])} | {fmt(r['arrival_ttft_max_ms'])} | {fmt(r['tokens_per_s'], '.1f')} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def soak_table(s: dict) -> str:
+    samples = ", ".join(f"{n}: {mb:.0f}" for n, mb in s["samples"])
+    return (
+        f"{s['server']}, {s['requests']} requests. RSS MB at start {s['rss_start_mb']:.0f}, after the first "
+        f"{s['samples'][1][0] if len(s['samples']) > 1 else 0} {s['rss_first_mb']:.0f}, last {s['rss_last_mb']:.0f}, "
+        f"peak (VmHWM) {s['rss_peak_mb']:.0f}.\nSamples (requests: MB): {samples}"
+    )
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    fig, (tps, ttft) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name in dict.fromkeys(r.server for r in rows):
+        mine = [r for r in rows if r.server == name]
+        xs = [r.concurrency for r in mine]
+        style = {"linestyle": "--", "color": "grey"} if name == RAW else {"marker": "o"}
+        tps.plot(xs, [r.tokens_per_s for r in mine], label=name, **style)
+        if name != RAW:
+            ttft.plot(xs, [r.ttft_median_ms for r in mine], label=name, **style)
+    levels = sorted({r.concurrency for r in rows})
+    for ax, title, unit in ((tps, "aggregate throughput", "tokens/s"), (ttft, "median time to first token", "ms")):
+        ax.set(title=title, xlabel="concurrent streams", ylabel=unit, xscale="log", xticks=levels)
+        ax.set_xticklabels([str(x) for x in levels])
+        ax.grid(alpha=0.3)
+        ax.legend()
+    ttft.set_yscale("log")
+    ttft.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ttft.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    tps.set_ylim(bottom=0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def judge(rows: list[Row], prefix: list[dict], soaked: dict | None, cfg: Config, burst: list[dict] = ()) -> list[tuple[str, str, str]]:
+    """The targets: (target, measured, PASS | FAIL | n/a | info), judged on ratios of numbers from this run."""
+    n = max(cfg.concurrency)
+    at = {(r.server, r.concurrency): r for r in rows}
+    slots, seq, raw = at.get(("slots", n)), at.get(("sequential", n)), at.get((RAW, n))
+    out = []
+
+    def check(target: str, ratio: float | None, ok, shown: str, note: str = "") -> None:
+        if ratio is None:
+            out.append((target, "not measured", "n/a"))
+        else:
+            out.append((target, shown + note, "PASS" if ok(ratio) else "FAIL"))
+
+    r = slots.tokens_per_s / seq.tokens_per_s if slots and seq else None
+    note = ""
+    if raw and (raw1 := at.get((RAW, 1))):  # the most batching can give on this machine, these prompts
+        note = f" (headroom here: raw loop {n} sequences / 1 = {raw.tokens_per_s / raw1.tokens_per_s:.2f}x)"
+    check(f"slots aggregate tok/s >= 2.0x sequential ({n} streams)", r, lambda x: x >= 2.0, f"{r or 0:.2f}x", note)
+    r = slots.tokens_per_s / raw.tokens_per_s if slots and raw else None
+    target = f"slots aggregate tok/s >= 90 % of raw batched decode, same prompts and tokens ({n} sequences)"
+    note = ""
+    if slots and raw and slots.stream_tokens_per_s:  # the decode phase alone, prompts read
+        note = f" (decode phase alone, per stream: {100 * slots.stream_tokens_per_s / raw.stream_tokens_per_s:.0f} %)"
+    check(target, r, lambda x: x >= 0.9, f"{100 * (r or 0):.0f} %", note)
+    target = f"Python share of slot-server step time < 5 % ({n} streams)"
+    share = slots.python_share if slots else None
+    check(target, share, lambda x: x < 0.05, f"{100 * (share or 0):.1f} %")
+    p = next((p for p in prefix if p["server"] == "slots"), None)
+    r = p["speedup"] if p else None
+    check("slots prefix reuse: cold TTFT / warm TTFT >= 20x", r, lambda x: x >= 20, f"{r or 0:.1f}x")
+    r = soaked["growth"] if soaked else None
+    note = f" ({soaked['rss_first_mb']:.0f} -> {soaked['rss_last_mb']:.0f} MB, peak {soaked['rss_peak_mb']:.0f} MB)" if soaked else ""
+    check(f"slots RSS does not grow over the soak (last / first <= {GROWTH_LIMIT})", r, lambda x: x <= GROWTH_LIMIT, f"{r or 0:.3f}", note)
+    nb = at.get((NO_BUDGET, n))
+    r = slots.tokens_per_s / nb.tokens_per_s if slots and nb else None
+    check(f"slots aggregate tok/s with the step budget >= 0.95x without it ({n} streams)", r, lambda x: x >= 0.95, f"{r or 0:.2f}x")
+    scene = {(b["server"], b["running"]): b for b in burst}
+    for k in cfg.arrivals:
+        ours, plain, real = scene.get(("slots", k)), scene.get((NO_BUDGET, k)), scene.get(("llama-server", k))
+        for other, limit in ((plain, "without it"), (real, "llama-server's")):
+            r = ours["gap_max_ms"] / other["gap_max_ms"] if ours and other and other["gap_max_ms"] else None
+            check(f"burst with {k} running: worst gap between two tokens with the budget <= 0.25x {limit}", r, lambda x: x <= 0.25, f"{r or 0:.2f}x")
+        r = ours["arrival_ttft_median_ms"] / plain["arrival_ttft_median_ms"] if ours and plain else None
+        check(f"burst with {k} running: arrivals' median first token with the budget <= 1.5x without it", r, lambda x: x <= 1.5, f"{r or 0:.2f}x")
+    others = [s for s in dict.fromkeys(r.server for r in rows) if s not in ("sequential", "slots", NO_BUDGET, RAW)]
+    for other in others:  # for information: the production server(s) on the same prompts
+        if slots and (o := at.get((other, n))):
+            ratios = f"{slots.tokens_per_s / o.tokens_per_s:.2f}x, {slots.ttft_median_ms / o.ttft_median_ms:.2f}x"
+            out.append((f"slots / {other}: aggregate tok/s, median TTFT ({n} streams)", ratios, "info"))
+    return out
+
+
+def targets_table(targets: list[tuple[str, str, str]]) -> str:
+    return "\n".join(["| target | measured | verdict |", "|---|---|---|", *(f"| {t} | {m} | {v} |" for t, m, v in targets)])

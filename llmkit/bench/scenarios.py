@@ -1,0 +1,219 @@
+"""What the bench measures, one scenario per function, every server treated alike.
+
+    all_levels    n clients at once, one streamed request each, for n in 1, 2, 4, 8 (the raw loop too)
+    prefix_reuse  first token behind a new long prefix (cold) vs behind the same prefix again (warm)
+    arrivals      a burst of long prompts while streams run: the streams' worst gap, the arrivals' first token
+    soak          many short requests, the server's resident memory sampled as they go
+
+A new scenario is an async function here that takes a ``Server`` (and the
+``Config``) and returns a dict of numbers; ``llmkit.bench.run`` calls it for
+every server, ``report`` turns its results into a table and, if it has a
+target, a line of ``judge``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from tqdm import tqdm
+
+from llmkit.bench.config import RAW, Config
+from llmkit.bench.prompts import TEXTS
+from llmkit.bench.servers import Server, http_client
+from llmkit.client import StreamResult
+
+if TYPE_CHECKING:
+    import httpx
+
+    from llmkit.bench.raw import RawDecoder
+
+
+def ttft(s: StreamResult) -> float:
+    """Seconds from sending to the first piece (to the end, if no piece came)."""
+    return s.t_first - s.t_sent
+
+
+# --- concurrency levels ---------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    server: str
+    concurrency: int
+    tokens: int
+    seconds: float
+    tokens_per_s: float
+    ttft_median_ms: float | None = None
+    ttft_p90_ms: float | None = None
+    stream_tokens_per_s: float | None = None
+    busy_slots_per_decode: float | None = None
+    python_share: float | None = None
+
+
+async def one_level(http: httpx.AsyncClient, server: Server, n: int, cfg: Config, bar: tqdm) -> Row:
+    """``n`` clients, one streamed request each, all sent at once."""
+    before = await server.scrape(http)
+    t0 = time.perf_counter()
+
+    async def go(text: str) -> StreamResult:
+        stream = await server.translate(http, text, cfg.max_tokens, cache_prompt=cfg.cache_prompt)
+        bar.update()
+        return stream
+
+    streams = await asyncio.gather(*(go(TEXTS[i % len(TEXTS)]) for i in range(n)))
+    seconds = max(s.t_done for s in streams) - t0
+    tokens = sum(s.n_tokens for s in streams)
+    ttfts = [ttft(s) * 1e3 for s in streams]
+    rates = [(s.n_tokens - 1) / (s.t_done - s.t_first) for s in streams if s.times and s.n_tokens > 1 and s.t_done > s.t_first]
+    row = Row(
+        server.name, n, tokens, seconds, tokens / seconds,
+        float(np.median(ttfts)), float(np.percentile(ttfts, 90)), float(np.median(rates)) if rates else None,
+    )  # fmt: skip
+    after = await server.scrape(http)
+    if before is not None and after is not None:
+        add_step_metrics(row, before, after)
+    return row
+
+
+def add_step_metrics(row: Row, before: dict, after: dict) -> None:
+    """Busy slots per decode and Python's share of step time, from two /metrics scrapes."""
+    P = "llamacpp:"
+    n0, n1 = before.get(P + "n_decode_total", 0), after.get(P + "n_decode_total", 0)
+    busy0, busy1 = before.get(P + "n_busy_slots_per_decode"), after.get(P + "n_busy_slots_per_decode")
+    if busy1 is not None and n1 > n0:
+        # the gauge is an average since start (ours and llama-server's): difference the sums
+        row.busy_slots_per_decode = (busy1 * n1 - (busy0 or 0) * n0) / (n1 - n0)
+    if P + "decode_seconds_total" in after and P + "step_seconds_total" in after:  # llmkit's own metrics
+        decode = after[P + "decode_seconds_total"] - before.get(P + "decode_seconds_total", 0)
+        step = after[P + "step_seconds_total"] - before.get(P + "step_seconds_total", 0)
+        row.python_share = 1 - decode / step if step > 0 else None
+
+
+async def all_levels(servers: list[Server], raw: RawDecoder | None, cfg: Config) -> list[Row]:
+    """Level by level, every server in turn (the raw loop first), so that a machine whose load
+    drifts during the run treats them alike; one warm-up request per server first. With several
+    rounds, the servers' order rotates each round and each row is the round with the median tok/s."""
+    runs: dict[tuple[str, int], list[Row]] = {}
+    async with http_client(max(cfg.concurrency)) as http:
+        for server in servers:  # first-request costs are not measured
+            await server.translate(http, TEXTS[0], 4)
+        total = cfg.rounds * (len(servers) + bool(raw)) * sum(cfg.concurrency)
+        with tqdm(total=total, desc="streams", unit="stream") as bar:
+            for n in cfg.concurrency:
+                for r in range(cfg.rounds):
+                    if raw is not None:
+                        bar.set_postfix_str(f"{RAW} x{n}")
+                        runs.setdefault((RAW, n), []).append(raw(n))
+                        bar.update(n)
+                    shift = r % len(servers) if servers else 0  # rotate: nobody always goes last
+                    for server in servers[shift:] + servers[:shift]:
+                        bar.set_postfix_str(f"{server.name} x{n}")
+                        runs.setdefault((server.name, n), []).append(await one_level(http, server, n, cfg, bar))
+    order = {RAW: -1} | {s.name: i for i, s in enumerate(servers)}
+    medians = [sorted(rows, key=lambda row: row.tokens_per_s)[len(rows) // 2] for rows in runs.values()]
+    return sorted(medians, key=lambda row: (order[row.server], row.concurrency))
+
+
+# --- prefix reuse -------------------------------------------------------------------------
+
+
+async def prefix_reuse(server: Server, system: str, cfg: Config) -> dict:
+    """TTFT of the first request with a new long prefix (cold) vs the next ones sharing it (warm).
+
+    OpenAI servers: the prefix is a system prompt, each request a new short question.
+    The sequential server: the long text itself, translated twice (it clears its cache).
+    """
+    cold, warm, cached = [], [], []
+    async with http_client(2) as http:
+        for k in range(2):  # two prefixes (a new tag each): two cold and four warm requests
+            prefix = system.replace("Session ", f"Session {k}-", 1)
+            for j in range(3):
+                s = await server.prefixed(http, prefix, f"Which item is on shelf {j + 3}?")
+                (cold if j == 0 else warm).append(ttft(s) * 1e3)
+                if j and s.cached_tokens is not None:
+                    cached.append(s.cached_tokens)
+    c, w = float(np.median(cold)), float(np.median(warm))
+    return {"server": server.name, "cold_ms": c, "warm_ms": w, "speedup": c / w, "cached_tokens": max(cached) if cached else None}
+
+
+# --- arrivals: a burst of long prompts while streams run ---------------------------------------
+
+
+async def arrivals(server: Server, running: int, prompts: list[str], cfg: Config) -> dict:
+    """``running`` streams generating, then ``len(prompts)`` long prompts at once.
+
+    While the burst is being read, how long do the running streams wait between two tokens
+    (p50, p99, max)? How long until the arrivals' first token? How many tokens per second in all?
+    A server that reads the whole burst in one step stalls the running streams for that step;
+    a per-step token budget (stall-free batching) bounds the stall.
+    """
+    async with http_client(running + len(prompts)) as http:
+        t0 = time.perf_counter()
+        watched: list[list[float]] = [[] for _ in range(running)]  # when each piece of a running stream arrived
+
+        def watch(times: list[float]):
+            return lambda _piece: times.append(time.perf_counter())
+
+        streams = [asyncio.create_task(server.translate(http, TEXTS[i % len(TEXTS)], cfg.max_tokens * 2, on_piece=watch(watched[i])))
+                   for i in range(running)]  # fmt: skip
+        while min(map(len, watched)) < 8 and not any(s.done() for s in streams):  # every stream is generating
+            await asyncio.sleep(0.005)
+        t_burst = time.perf_counter()
+        burst = await asyncio.gather(*(server.translate(http, text, 16) for text in prompts))
+        t_read = max(s.t_first for s in burst)  # the last arrival's first token: the burst is read
+        done = await asyncio.gather(*streams)
+    gaps = [b - a for times in watched for a, b in zip(times, times[1:]) if b > t_burst and a < t_read]
+    tokens = sum(s.n_tokens for s in done + burst)
+    ms = lambda q: 1e3 * float(np.percentile(gaps, q)) if gaps else None  # noqa: E731
+    return {"server": server.name, "running": running, "arrivals": len(prompts),
+            "gap_p50_ms": ms(50), "gap_p99_ms": ms(99), "gap_max_ms": ms(100),
+            "arrival_ttft_median_ms": 1e3 * float(np.median([ttft(s) for s in burst])),
+            "arrival_ttft_max_ms": 1e3 * max(ttft(s) for s in burst),
+            "tokens_per_s": tokens / (max(s.t_done for s in done + burst) - t0)}  # fmt: skip
+
+
+# --- soak: memory over many requests ---------------------------------------------------------
+
+
+def rss_mb(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of a process in MB: current and peak resident memory."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                fields[key] = int(value.split()[0]) / 1024
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+async def soak(server: Server, cfg: Config, workers: int = 4) -> dict:
+    """``cfg.soak`` short streamed requests from ``workers`` clients; RSS every ``soak_every`` requests."""
+    assert server.pid is not None, "the soak samples the memory of a server started here"
+    pid = server.pid
+    samples = [(0, rss_mb(pid)[0])]
+    done, next_id = 0, 0
+    bar = tqdm(total=cfg.soak, desc=f"soak {server.name}", unit="req", leave=False)
+
+    async def worker(http: httpx.AsyncClient) -> None:
+        nonlocal done, next_id
+        while next_id < cfg.soak:
+            i, next_id = next_id, next_id + 1
+            await server.translate(http, f"Request {i}. {TEXTS[i % len(TEXTS)][: 20 + i % 60]}", 8)
+            done += 1
+            bar.update()
+            if done % cfg.soak_every == 0:
+                samples.append((done, rss_mb(pid)[0]))
+
+    async with http_client(workers) as http:
+        await asyncio.gather(*(worker(http) for _ in range(workers)))
+    bar.close()
+    first, last = samples[1 if len(samples) > 2 else 0][1], samples[-1][1]
+    return {
+        "server": server.name, "requests": cfg.soak, "samples": samples, "rss_start_mb": samples[0][1],
+        "rss_first_mb": first, "rss_last_mb": last, "rss_peak_mb": max(rss_mb(pid)[1], *(s[1] for s in samples)),
+        "growth": last / first,
+    }  # fmt: skip

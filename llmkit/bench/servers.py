@@ -1,0 +1,135 @@
+"""The servers a bench run talks to: the sequential server and any OpenAI-compatible one, started here or given by URL.
+
+Each kind knows its request (``request``), how to read its stream
+(``piece_of``: the shared SSE reader of ``llmkit.client`` does the rest), how
+to ask for a first token behind a long shared prefix (``prefixed``), and
+whether it has ``/metrics`` to scrape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import httpx
+
+from llmkit import client, launch
+from llmkit.bench.config import NO_BUDGET, BenchError, Config
+from llmkit.bench.prompts import LANG, chat_prompt
+from llmkit.client import StreamResult
+
+
+@dataclass
+class Server:
+    name: str
+    url: str
+    pid: int | None = None  # set for a server started here (the soak samples its memory)
+
+    path: ClassVar[str]
+    piece_of: ClassVar[Callable[[Any], str | None]]
+
+    def request(self, text: str, max_tokens: int, *, cache_prompt: bool = True) -> dict:
+        """The JSON body of one streamed request that translates ``text``."""
+        raise NotImplementedError
+
+    async def stream(self, http: httpx.AsyncClient, body: dict, **options: Any) -> StreamResult:
+        """Send one streamed request and read it to the end (``first_only``: to its first piece); errors raise ``BenchError``."""
+        result = await client.astream(http, self.url + self.path, body, type(self).piece_of, **options)
+        if result.status != 200:
+            raise BenchError(f"{self.name}: HTTP {result.status}: {str(result.error)[:300]}")
+        if result.error is not None:
+            raise BenchError(f"{self.name}: error in the stream: {result.error}")
+        return result
+
+    async def translate(self, http: httpx.AsyncClient, text: str, max_tokens: int, *, cache_prompt: bool = True, **options: Any) -> StreamResult:
+        """``stream`` of ``request(text, max_tokens)``."""
+        return await self.stream(http, self.request(text, max_tokens, cache_prompt=cache_prompt), **options)
+
+    async def prefixed(self, http: httpx.AsyncClient, prefix: str, question: str) -> StreamResult:
+        """The first token of a request that starts with a long ``prefix`` (prefix reuse)."""
+        raise NotImplementedError
+
+    async def scrape(self, http: httpx.AsyncClient) -> dict[str, float] | None:
+        """``/metrics`` as {sample name: value}, or None if the server does not expose it."""
+        return None
+
+
+class SequentialServer(Server):
+    """``POST /translate/stream``: each event is one token's text; no max_tokens (the server was started with -n)."""
+
+    path = "/translate/stream"
+    piece_of = staticmethod(client.translation_piece)
+
+    def request(self, text: str, max_tokens: int, *, cache_prompt: bool = True) -> dict:
+        return {"text": text, "target_lang": LANG}
+
+    async def prefixed(self, http: httpx.AsyncClient, prefix: str, question: str) -> StreamResult:
+        # no system prompt here: the long prefix itself is translated (the server clears its cache every time)
+        return await self.stream(http, self.request(prefix, 1), first_only=True)
+
+
+class OpenAIServer(Server):
+    """``POST /v1/chat/completions``: greedy, ``ignore_eos`` (every stream generates exactly max_tokens), usage in the last chunk."""
+
+    path = "/v1/chat/completions"
+    piece_of = staticmethod(client.chat_piece)
+
+    def request(self, text: str, max_tokens: int, *, cache_prompt: bool = True, system: str | None = None) -> dict:
+        """With a ``system`` prompt, ``text`` is sent as it is, as the user's question."""
+        messages = [{"role": "user", "content": chat_prompt(text) if system is None else text}]
+        if system is not None:
+            messages.insert(0, {"role": "system", "content": system})
+        body = {
+            "model": "default", "messages": messages, "stream": True, "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True, "stream_options": {"include_usage": True},
+        }  # fmt: skip
+        if not cache_prompt:
+            body["cache_prompt"] = False
+        return body
+
+    async def prefixed(self, http: httpx.AsyncClient, prefix: str, question: str) -> StreamResult:
+        return await self.stream(http, self.request(question, 1, system=prefix))
+
+    async def scrape(self, http: httpx.AsyncClient) -> dict[str, float] | None:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with contextlib.suppress(httpx.HTTPError):
+            r = await http.get(f"{self.url}/metrics")
+            if r.status_code == 200:
+                return {s.name: s.value for f in text_string_to_metric_families(r.text) for s in f.samples}
+        return None
+
+
+def http_client(connections: int) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=connections + 2, max_keepalive_connections=connections + 2)
+    return httpx.AsyncClient(timeout=httpx.Timeout(30, read=600), limits=limits)
+
+
+def server_flags(cfg: Config) -> list[str]:
+    """Flags of every server started here: greedy, and the bench's threads and model."""
+    return ["--temp", "0", "--seed", "1", *(["-t", str(cfg.threads)] if cfg.threads else []), *(["-m", cfg.model] if cfg.model else [])]
+
+
+def start_servers(cfg: Config, stack: contextlib.ExitStack) -> list[Server]:
+    """Our two servers and the real llama-server (built from the same llama.cpp, same flags) as child
+    processes on free ports, unless skipped; then the --url ones."""
+    common = server_flags(cfg)
+    servers: list[Server] = []
+    if "sequential" not in cfg.skip:
+        p = stack.enter_context(launch.serve("sequential", *common, "-n", str(cfg.max_tokens)))
+        servers.append(SequentialServer("sequential", p.url, pid=p.process.pid))
+    n = max(cfg.concurrency)
+    slot_flags = [*common, "-np", str(n), "-c", str(n * cfg.ctx_per_slot), "--metrics"]  # explicit -np: one KV stream per slot
+    for name, skip, kind, extra in (
+        ("slots", "slots", "slots", []),
+        (NO_BUDGET, "no-budget", "slots", ["--step-tokens", "0"]),  # batches as llama-server does
+        ("llama-server", "llama-server", "llama-server", []),
+    ):
+        if skip not in cfg.skip:
+            p = stack.enter_context(launch.serve(kind, *slot_flags, *extra))
+            servers.append(OpenAIServer(name, p.url, pid=p.process.pid))
+    for name, url in cfg.urls.items():
+        servers.append(OpenAIServer(name, url.rstrip("/").removesuffix("/v1")))
+    return servers
