@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 
@@ -131,29 +130,19 @@ def serve_slots(args: argparse.Namespace) -> int:
     # access_log=False: the app logs one line per request itself, with token counts.
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_config=None, access_log=False))
     server.run()
-    return 1 if app.state.load_error is not None else 0
+    return 1 if app.state.server.load_error is not None else 0
 
 
 def translate(args: argparse.Namespace) -> int:
-    import httpx
-    from httpx_sse import connect_sse
+    from llmkit.client import stream_translation
 
-    body = {"text": args.text, "target_lang": args.to}
-    with httpx.Client(timeout=httpx.Timeout(10, read=60)) as client:
-        with connect_sse(client, "POST", f"{args.url}/translate/stream", json=body) as source:
-            if source.response.status_code != 200:
-                source.response.read()
-                print(f"error: {source.response.json().get('error', source.response.text)}", file=sys.stderr)
-                return 1
-            for event in source.iter_sse():
-                if event.data == "[DONE]":
-                    break
-                data = json.loads(event.data)
-                if isinstance(data, dict):
-                    print(f"\nerror: {data.get('error')}", file=sys.stderr)
-                    return 1
-                print(data, end="", flush=True)
-    print()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # no per-request line between the translation and an error
+    result = stream_translation(args.url, args.text, args.to, on_piece=lambda piece: print(piece, end="", flush=True))
+    if result.pieces:
+        print()
+    if result.error is not None:
+        print(f"error: {result.error}", file=sys.stderr)
+        return 1
     return 0
 
 

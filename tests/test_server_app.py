@@ -21,7 +21,9 @@ import uvicorn
 
 from llmkit import launch
 from llmkit.engine import EngineError, Piece, Request
+from llmkit.engine.engine import Counters
 from llmkit.server import Settings, create_app
+from llmkit.server.state import ServingEngine
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "stream": True}
 
@@ -45,13 +47,22 @@ class FakeEngine:
 
     def __init__(self, script: Callable[[Request], None] = lambda r: r.finish("stop")):
         self.model = FakeModel()
-        self.slots, self.n_ctx_slot = [], 64
+        self.slots, self.n_ctx_slot, self.step_tokens = [], 64, 0
+        self.counters, self.n_busy, self.n_waiting = Counters(), 0, 0
         self.script = script
+        self.closed = False
 
     def submit(self, prompt, params, **_: object) -> Request:
         request = Request(prompt, params)
         self.script(request)
         return request
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_fake_is_an_engine_as_the_routes_see_it():
+    assert isinstance(FakeEngine(), ServingEngine)
 
 
 @contextlib.contextmanager
@@ -86,6 +97,7 @@ def test_503_while_the_model_loads_then_ok():
         loaded.set()
         launch.wait_healthy(url, 5)
         assert httpx.get(url + "/health").json() == {"status": "ok"}
+    assert app.state.server.engine.closed  # the app loaded it: the app closes it
 
 
 def test_a_model_that_fails_to_load_is_a_500():
@@ -151,3 +163,13 @@ def test_completion_prompt_forms(body):
         r = httpx.post(url + "/v1/completions", json=body)
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == ""
     assert seen == [[1, 1, 1] if body["prompt"] == "a b c" else [5, 6] if body["prompt"] in ([5, 6], [[5, 6]]) else [1, 1]]
+
+
+@pytest.mark.parametrize("content", [b"[" * 100_000 + b"]" * 100_000, b'{"messages": ' + b'{"a": ' * 100_000])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/completion", "/v1/embeddings", "/tokenize"])
+def test_a_body_nested_100_000_deep_is_a_400(path, content):
+    with launch.serve_app(create_app(FakeEngine(), Settings(alias="fake"))) as url:
+        r = httpx.post(url + path, content=content, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.headers["content-type"] == "application/json"
+        assert r.json() == {"error": {"code": 400, "message": "There was an error parsing the body", "type": "invalid_request_error"}}
+        assert httpx.get(url + "/health").status_code == 200

@@ -1,4 +1,7 @@
-"""``/v1/embeddings``: mean-pooled, L2-normalised vectors from the loaded model.
+"""The embedding routes: mean-pooled, L2-normalised vectors from the loaded model.
+
+    POST /v1/embeddings               OpenAI's shape (floats or base64)
+    POST /embedding, /embeddings      the same vectors in llama-server's own shape
 
 (~ llama-server's ``send_embedding`` in server-context.cpp, which pools in
 llama.cpp and normalises with ``common_embd_normalize``.) The slot engine's
@@ -10,12 +13,20 @@ at a time use the context, never the event loop.
 
 from __future__ import annotations
 
+import base64
 import threading
 
 import numpy as np
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
 
 from llmkit.engine import ContextSizeError
 from llmkit.llama import Batch, Context, Model
+from llmkit.server.errors import off_loop
+from llmkit.server.protocol import EmbeddingRequest, NativeEmbeddingRequest
+from llmkit.server.state import State
+
+router = APIRouter()
 
 N_CTX = 512  # the longest input; also llama.cpp's n_ubatch here, which a pooled sequence must fit
 
@@ -62,3 +73,39 @@ class Embedder:
                 self._batch.close()
                 self._ctx.close()
                 self._ctx = self._batch = None
+
+
+async def embed(body: EmbeddingRequest, http_request: Request, state: State) -> np.ndarray:
+    embedder = state.embedder
+    assert embedder is not None, "set with the engine"
+    prompts = await off_loop(embedder.tokenize, body.texts)
+    vectors = await run_in_threadpool(embedder.embed, prompts)
+    http_request.state.n_prompt_tokens = sum(map(len, prompts))  # for the access log
+    return vectors
+
+
+@router.post("/v1/embeddings")
+async def embeddings(body: EmbeddingRequest, http_request: Request, state: State) -> dict:
+    vectors = await embed(body, http_request, state)
+    n_tokens = http_request.state.n_prompt_tokens
+    return {
+        "object": "list",
+        "model": state.model_name,
+        "data": [{"object": "embedding", "index": i, "embedding": encode(v, body.encoding_format)} for i, v in enumerate(vectors)],
+        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+    }
+
+
+@router.post("/embedding")
+@router.post("/embeddings")
+async def embeddings_native(body: NativeEmbeddingRequest, http_request: Request, state: State) -> list[dict]:
+    """llama-server's own shape (handle_embeddings_impl, non-OAI): one vector per input, in a list of one."""
+    vectors = await embed(body, http_request, state)
+    return [{"index": i, "embedding": [v.tolist()]} for i, v in enumerate(vectors)]
+
+
+def encode(vector: np.ndarray, encoding_format: str) -> list[float] | str:
+    """An embedding as JSON numbers, or as base64 of little-endian float32 (OpenAI's two formats)."""
+    if encoding_format == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode()
+    return vector.tolist()

@@ -5,17 +5,22 @@
 Routes raise ``ApiError``; FastAPI's own exceptions (bad JSON, wrong field
 types, unknown routes) and anything unexpected are turned into the same
 shape by the handlers installed here, so no response is ever a traceback or
-an HTML page.
+an HTML page. ``off_loop`` runs a route's blocking work on the input
+(tokenizing, templating, grammar checks) in a worker thread and turns the
+input's faults into 400s.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from jinja2 import TemplateError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llmkit.engine import ContextSizeError, EngineError
@@ -81,6 +86,18 @@ def describe_validation_errors(errors: list[dict]) -> str:
         else:
             parts.append(f"'{field}': {group[0]['msg']}")
     return "Invalid request: " + "; ".join(parts)
+
+
+async def off_loop(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` in a worker thread; bad input becomes a 400."""
+    try:
+        return await run_in_threadpool(fn, *args, **kwargs)
+    except ContextSizeError as exc:
+        raise ApiError.context_size(exc) from None
+    except UnicodeEncodeError:
+        raise ApiError(400, "the text is not valid Unicode (it holds a lone surrogate)") from None
+    except (ValueError, TemplateError) as exc:
+        raise ApiError(400, str(exc)) from None
 
 
 def install(app: FastAPI) -> None:

@@ -1,0 +1,114 @@
+"""The routes that tell about the server and its model, and the tokenizer's (~ llama-server's handlers in server-context.cpp).
+
+    GET  /health, /v1/health          {"status": "ok"} (503 while the model loads: ``middleware.Gate``)
+    GET  /v1/models, /models          the one loaded model (and /v1/models/{id})
+    GET  /props                       server settings and defaults
+    GET  /slots                       per-slot state (501 with --no-slots)
+    GET  /metrics                     Prometheus text (501 without --metrics)
+    POST /tokenize, /detokenize, /apply-template
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from llmkit.server import metrics
+from llmkit.server.errors import ApiError, off_loop
+from llmkit.server.protocol import ChatCompletionRequest, DetokenizeRequest, TokenizeRequest, check_tokens
+from llmkit.server.state import SYSTEM_FINGERPRINT, ServerState, State
+
+router = APIRouter()
+
+
+@router.get("/health")
+@router.get("/v1/health")
+async def health() -> dict:
+    return {"status": "ok"}
+
+
+def model_info(state: ServerState) -> dict:
+    engine = state.engine
+    m = engine.model
+    meta = {"n_vocab": m.n_vocab, "n_ctx": engine.n_ctx_slot, "n_ctx_train": m.n_ctx_train, "n_embd": m.n_embd,
+            "n_params": m.n_params(), "size": m.path.stat().st_size}  # fmt: skip
+    return {"id": state.model_name, "object": "model", "created": int(time.time()), "owned_by": "llamacpp", "meta": meta}
+
+
+@router.get("/v1/models")
+@router.get("/models")
+async def list_models(state: State) -> dict:
+    return {"object": "list", "data": [model_info(state)]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, state: State) -> dict:
+    if model_id != state.model_name:
+        raise ApiError(404, f"Model not found: {model_id}")
+    return model_info(state)
+
+
+@router.get("/props")
+async def props(state: State) -> dict:
+    engine, settings = state.engine, state.settings
+    defaults = {k: v for k, v in dataclasses.asdict(settings.sampling_defaults()).items() if k != "grammar"}
+    return {
+        "default_generation_settings": {"n_ctx": engine.n_ctx_slot, "params": defaults},
+        "total_slots": len(engine.slots),
+        "model_alias": state.model_name,
+        "model_path": str(engine.model.path),
+        "modalities": {"vision": False, "video": False, "audio": False},
+        "endpoint_slots": settings.slots,
+        "endpoint_metrics": settings.metrics,
+        "chat_template": engine.model.meta("tokenizer.chat_template") or "",
+        "build_info": SYSTEM_FINGERPRINT,
+        "step_tokens": engine.step_tokens,  # llmkit's own: the per-step token budget (0: none, as llama-server)
+    }
+
+
+@router.get("/slots")
+async def slots(state: State) -> list[dict]:
+    if not state.settings.slots:
+        raise ApiError(501, "This server does not support slots endpoint. Start it with `--slots`")
+    return [slot.to_dict() for slot in state.engine.slots]
+
+
+@router.get("/metrics")
+async def prometheus(state: State) -> Response:
+    if not state.settings.metrics:
+        raise ApiError(501, "This server does not support metrics endpoint. Start it with `--metrics`")
+    content, media_type = metrics.render(state.registry)
+    return Response(content, media_type=media_type)
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, state: State) -> dict:
+    model = state.engine.model
+    tokens = await off_loop(model.tokenize, body.content, add_special=body.add_special, parse_special=body.parse_special)
+    if not body.with_pieces:
+        return {"tokens": tokens}
+    return {"tokens": [{"id": t, "piece": text_or_bytes(model.token_to_piece(t))} for t in tokens]}
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, state: State) -> dict:
+    model = state.engine.model
+    return {"content": model.detokenize(check_tokens(body.tokens, model.n_vocab, "tokens"))}
+
+
+@router.post("/apply-template")
+async def apply_template(body: ChatCompletionRequest, state: State) -> dict:
+    """The chat prompt as text, nothing generated (llama-server: post_apply_template)."""
+    messages = [m.to_template() for m in body.messages]
+    return {"prompt": await off_loop(state.engine.model.apply_chat_template, messages)}
+
+
+def text_or_bytes(raw: bytes) -> str | list[int]:
+    """A token's piece for /tokenize: text if it is whole UTF-8, else its bytes (as llama-server)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)

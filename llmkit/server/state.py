@@ -1,0 +1,135 @@
+"""What every route of the slot server reads: the settings, the engine, the embedder, the model's name.
+
+``ServingEngine`` is the engine as the routes see it, a ``typing.Protocol``:
+``llmkit.engine.Engine`` is one, the scripted engine of tests/test_server_app.py
+another. ``ServerState`` is created once per app (``app.state.server``); a
+route asks for it with a ``state: State`` parameter (a FastAPI dependency).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Protocol, runtime_checkable
+
+import llama_cpp
+from fastapi import Depends, Request
+from prometheus_client import CollectorRegistry
+
+import llmkit
+from llmkit.engine import Request as EngineRequest
+from llmkit.engine.engine import Counters
+from llmkit.engine.slot import Slot
+from llmkit.llama import Model, SamplingParams
+from llmkit.server import metrics
+from llmkit.server.errors import ApiError
+
+if TYPE_CHECKING:
+    from llmkit.server.embeddings import Embedder  # whose routes read this module
+
+log = logging.getLogger("llmkit.server")
+
+SYSTEM_FINGERPRINT = f"llmkit-{llmkit.__version__}-llama-cpp-python-{llama_cpp.__version__}"
+
+
+@dataclass
+class Settings:
+    """Server-wide settings (the CLI flags that are not the engine's)."""
+
+    alias: str | None = None  # the model name clients see (default: the GGUF file name)
+    api_key: str | None = None
+    n_predict: int = -1  # default max_tokens; -1: until end of generation or the slot's context is full
+    temperature: float = 0.8
+    seed: int | None = None
+    metrics: bool = False
+    slots: bool = True
+    max_body_size: int = 10 * 2**20
+    n_threads: int | None = None  # for the embedding context
+
+    def sampling_defaults(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, seed=self.seed, max_tokens=self.n_predict)
+
+
+@runtime_checkable
+class ServingEngine(Protocol):
+    """What the routes ask of the engine: its model and slots, ``submit``, the counters ``/metrics`` reads, ``close``."""
+
+    @property
+    def model(self) -> Model: ...
+    @property
+    def slots(self) -> Sequence[Slot]: ...
+    @property
+    def n_ctx_slot(self) -> int: ...
+    @property
+    def step_tokens(self) -> int: ...
+    @property
+    def counters(self) -> Counters: ...
+    @property
+    def n_busy(self) -> int: ...
+    @property
+    def n_waiting(self) -> int: ...
+
+    def submit(
+        self, prompt: list[int], params: SamplingParams, *, cache_prompt: bool = True, id_slot: int | None = None, n_probs: int = 0
+    ) -> EngineRequest: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class ServerState:
+    """One app's engine (once loaded), embedder and settings."""
+
+    settings: Settings
+    loaded: ServingEngine | None = None
+    embedder: Embedder | None = None
+    load_error: Exception | None = None
+    registry: CollectorRegistry = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.registry = metrics.registry(lambda: self.engine)
+
+    @property
+    def engine(self) -> ServingEngine:
+        """The engine; never None in a route: the gate answers 503 until it is loaded."""
+        assert self.loaded is not None, "a route ran before the model was loaded"
+        return self.loaded
+
+    @property
+    def model_name(self) -> str:
+        return self.settings.alias or self.engine.model.path.name
+
+    def ready(self, engine: ServingEngine) -> None:
+        from llmkit.server.embeddings import Embedder
+
+        self.embedder = Embedder(engine.model, n_threads=self.settings.n_threads)
+        self.loaded = engine
+        log.info("model %s ready: %d slots of %d tokens", self.model_name, len(engine.slots), engine.n_ctx_slot)
+
+    def load(self, loader: Callable[[], ServingEngine]) -> None:
+        """Call ``loader`` (in a worker thread, at start-up); a failure is kept, and answered as a 500 from then on."""
+        try:
+            self.ready(loader())
+        except Exception as exc:
+            log.exception("the model failed to load")
+            self.load_error = exc
+
+    def not_ready(self) -> ApiError | None:
+        """The answer to every request while the model is not there (``middleware.Gate``), else None."""
+        if self.load_error is not None:
+            return ApiError(500, f"The model failed to load: {self.load_error}")
+        return None if self.loaded is not None else ApiError(503, "Loading model")
+
+    def close(self, *, engine_too: bool) -> None:
+        if self.embedder is not None:
+            self.embedder.close()
+        if engine_too and self.loaded is not None:
+            self.loaded.close()
+
+
+def server_state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+State = Annotated[ServerState, Depends(server_state)]
