@@ -173,6 +173,10 @@ class DecodeError(RuntimeError):
     pass
 
 
+class KVCacheFullError(DecodeError):
+    """``llama_decode`` returned 1: no room in the KV cache for this batch (nothing was decoded)."""
+
+
 class Context:
     """A llama_context: the KV cache (one sequence per slot) and the compute graph.
 
@@ -215,6 +219,8 @@ class Context:
 
     def decode(self, batch: Batch) -> None:
         rc = lc.llama_decode(self.handle, batch.handle)
+        if rc == 1:
+            raise KVCacheFullError(f"no room in the KV cache for {batch.n_tokens} tokens")
         if rc != 0:
             raise DecodeError(f"llama_decode failed with code {rc} ({batch.n_tokens} tokens)")
 
@@ -226,6 +232,27 @@ class Context:
     def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool:
         """Drop sequence ``seq_id``'s cells at positions [p0, p1) (p1 < 0: to the end)."""
         return lc.llama_memory_seq_rm(self.memory, seq_id, p0, p1)
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        """Move sequence ``seq_id``'s cells at positions [p0, p1) by ``delta`` (their keys are re-rotated)."""
+        lc.llama_memory_seq_add(self.memory, seq_id, p0, p1, delta)
+
+    @property
+    def can_shift(self) -> bool:
+        """Whether cells can move to other positions (``seq_add``): context shift and cache reuse need it."""
+        return bool(lc.llama_memory_can_shift(self.memory))
+
+    def seq_state(self, seq_id: int) -> bytearray:
+        """A copy of sequence ``seq_id``'s KV cells (llama_state_seq_get_data): what the prompt cache keeps."""
+        data = bytearray(lc.llama_state_seq_get_size(self.handle, seq_id))
+        buffer = (ctypes.c_uint8 * len(data)).from_buffer(data)
+        lc.llama_state_seq_get_data(self.handle, buffer, len(data), seq_id)
+        return data
+
+    def set_seq_state(self, seq_id: int, data: bytearray) -> bool:
+        """Replace sequence ``seq_id``'s cells with a copy made by ``seq_state`` (of any sequence)."""
+        buffer = (ctypes.c_uint8 * len(data)).from_buffer(data)
+        return lc.llama_state_seq_set_data(self.handle, buffer, len(data), seq_id) == len(data)
 
     def seq_pos_max(self, seq_id: int) -> int:
         """Highest position cached for the sequence, -1 if empty."""

@@ -11,8 +11,8 @@ method with its C++ and says what differs):
 
 - ``loop`` ~ ``server_queue::start_loop``: wait for work, admit, step, again;
 - ``admit`` ~ ``process_single_task``: waiting requests into idle slots
-  (``scheduler.choose_slot`` ~ ``get_available_slot``, ``Slot.start`` ~
-  ``launch_slot_with_task``);
+  (``scheduler.choose_slot`` ~ ``get_available_slot``, ``swap_prompt`` ~ its
+  prompt-cache update, ``Slot.start`` ~ ``launch_slot_with_task``);
 - ``step`` ~ ``update_slots``: build ONE batch from every busy slot
   (``scheduler.build_batch`` ~ the batch building of ``pre_decode``), decode
   it, then ``process_token`` for each slot that asked for logits (~
@@ -42,9 +42,10 @@ from llmkit.engine.request import (
     Status,
     TokenLogprob,
 )
-from llmkit.engine.scheduler import build_batch, choose_slot
+from llmkit.engine.prompt_cache import PromptCache
+from llmkit.engine.scheduler import build_batch, choose_slot, swaps_prompt
 from llmkit.engine.slot import Slot
-from llmkit.llama import Batch, Context, DecodeError, Model, SamplingParams
+from llmkit.llama import Batch, Context, DecodeError, KVCacheFullError, Model, SamplingParams
 
 log = logging.getLogger("llmkit.engine")
 
@@ -52,6 +53,7 @@ log = logging.getLogger("llmkit.engine")
 # a step that reads a prompt chunk costs about as much as its tokens, so this bounds the pause that a burst
 # of long prompts puts between two tokens of a running stream.
 DEFAULT_STEP_TOKENS = 128
+SUBMIT_OPTIONS = ("cache_prompt", "id_slot", "n_probs", "n_keep", "n_cache_reuse")  # submit's, not the sampler's
 
 
 @dataclass
@@ -101,27 +103,45 @@ class StepRecord:
 class Engine:
     """Continuous batching over ``n_parallel`` slots of one llama_context.
 
-    ``n_ctx`` is the TOTAL context, as llama-server's ``-c``: each slot gets
-    ``n_ctx // n_parallel`` tokens, in its own KV stream (``kv_unified=False``),
-    which keeps a request's greedy output the same whether or not it shares
-    the batch (measured: see the concurrency chapter).
+    ``n_ctx`` is the TOTAL context, as llama-server's ``-c``. As llama-server,
+    ``n_parallel=-1`` (auto) means 4 slots on a unified KV cache: each slot may
+    use all of ``n_ctx``, and idle slots are cleared when it runs out. An explicit
+    ``n_parallel`` gives each slot ``n_ctx // n_parallel`` tokens in its own KV
+    stream (``kv_unified=False``), which keeps a request's greedy output the same
+    whether or not it shares the batch (measured: see the concurrency chapter).
 
     ``step_tokens`` is the token budget of one step (``scheduler.build_batch``):
     running streams first, then prompt chunks. 0 puts up to ``n_batch`` prompt
     tokens in a step, as llama-server does, and running streams wait for it.
+
+    The KV cache, as llama-server (the caching chapter shows each):
+    ``cache_ram_mib`` bounds the host-RAM prompt cache (``--cache-ram``; 0: off,
+    -1: no limit in bytes); ``cache_idle_slots`` copies idle slots to it when a
+    request starts; ``cache_reuse`` > 0 moves cached chunks of at least that many
+    tokens into place (``--cache-reuse``); ``context_shift`` lets a generation go
+    past a full slot by dropping tokens after ``n_keep`` (``--context-shift``).
     """
 
     def __init__(
         self,
         model: Model | str | PathLike[str] | None = None,
         *,
-        n_parallel: int = 4,
+        n_parallel: int = -1,
         n_ctx: int = 8192,
         n_batch: int = 2048,
         n_threads: int | None = None,
-        kv_unified: bool = False,
+        kv_unified: bool | None = None,
         step_tokens: int = DEFAULT_STEP_TOKENS,
+        cache_ram_mib: int = 8192,
+        cache_idle_slots: bool = True,
+        cache_reuse: int = 0,
+        context_shift: bool = False,
     ):
+        if n_parallel == 0 or n_parallel < -1:
+            raise ValueError(f"n_parallel must be -1 (auto) or at least 1, not {n_parallel}")
+        if kv_unified is None:
+            kv_unified = n_parallel == -1  # llama-server: auto is 4 slots on a unified KV cache
+        n_parallel = 4 if n_parallel == -1 else n_parallel
         if step_tokens and step_tokens < 2 * n_parallel:  # room for every running stream and a prompt chunk
             raise ValueError(f"step_tokens must be 0 (no budget) or at least 2 x n_parallel = {2 * n_parallel}, not {step_tokens}")
         self.step_tokens = step_tokens
@@ -135,7 +155,12 @@ class Engine:
         except BaseException:
             self._close_model()
             raise
+        self.kv_unified = kv_unified
         self.n_ctx_slot = self.ctx.n_ctx_seq
+        self.prompt_cache = PromptCache(cache_ram_mib, self.ctx.n_ctx) if cache_ram_mib != 0 else None
+        self.cache_idle_slots = cache_idle_slots and self.prompt_cache is not None
+        self.cache_reuse = cache_reuse if self.ctx.can_shift else 0  # llama-server turns both off when cells cannot move
+        self.context_shift = context_shift and self.ctx.can_shift
         self.slots = [Slot(i, self.n_ctx_slot) for i in range(n_parallel)]
         self.batch = Batch(self.ctx.n_batch)
         self.waiting: deque[Request] = deque()
@@ -156,15 +181,24 @@ class Engine:
         cache_prompt: bool = True,
         id_slot: int | None = None,
         n_probs: int = 0,
+        n_keep: int = 0,
+        n_cache_reuse: int | None = None,
     ) -> Request:
-        """Queue a tokenized prompt; returns at once with a ``Request`` to iterate."""
+        """Queue a tokenized prompt; returns at once with a ``Request`` to iterate.
+
+        ``n_keep``: prompt tokens a context shift keeps (-1: all of them); ``n_cache_reuse``:
+        this request's ``cache_reuse`` (None: the engine's).
+        """
         if not prompt:
             raise ValueError("the prompt is empty")
         if len(prompt) >= self.n_ctx_slot:
             raise ContextSizeError(len(prompt), self.n_ctx_slot)
         if id_slot is not None and not 0 <= id_slot < len(self.slots):
             raise ValueError(f"id_slot must be between 0 and {len(self.slots) - 1}")
-        request = Request(prompt, params, cache_prompt=cache_prompt, id_slot=id_slot, n_probs=n_probs)
+        n_cache_reuse = self.cache_reuse if n_cache_reuse is None or not self.ctx.can_shift else n_cache_reuse
+        request = Request(
+            prompt, params, cache_prompt=cache_prompt, id_slot=id_slot, n_probs=n_probs, n_keep=n_keep, n_cache_reuse=n_cache_reuse,
+        )  # fmt: skip
         request.on_cancel = self._wake
         with self._cond:
             if self._closing:
@@ -173,13 +207,17 @@ class Engine:
             self._cond.notify()
         return request
 
-    def complete(self, text: str, *, cache_prompt: bool = True, id_slot: int | None = None, **params) -> Request:
-        """Plain-text completion. ``params`` are ``SamplingParams`` fields (max_tokens, temperature, ...)."""
-        return self.submit(self.model.tokenize(text), SamplingParams(**params), cache_prompt=cache_prompt, id_slot=id_slot)
+    def complete(self, text: str, **kwargs) -> Request:
+        """Plain-text completion. ``kwargs``: ``submit``'s options and ``SamplingParams`` fields (max_tokens, ...)."""
+        return self._submit_with(self.model.tokenize(text), kwargs)
 
-    def chat(self, messages: list[dict], *, cache_prompt: bool = True, id_slot: int | None = None, **params) -> Request:
-        """Chat completion: ``messages`` rendered with the model's own chat template."""
-        return self.submit(self.model.tokenize_chat(messages), SamplingParams(**params), cache_prompt=cache_prompt, id_slot=id_slot)
+    def chat(self, messages: list[dict], **kwargs) -> Request:
+        """Chat completion: ``messages`` rendered with the model's own chat template; ``kwargs`` as ``complete``."""
+        return self._submit_with(self.model.tokenize_chat(messages), kwargs)
+
+    def _submit_with(self, prompt: list[int], kwargs: dict) -> Request:
+        options = {k: kwargs.pop(k) for k in SUBMIT_OPTIONS if k in kwargs}
+        return self.submit(prompt, SamplingParams(**kwargs), **options)
 
     # --- state for /slots and /metrics ---------------------------------------
 
@@ -218,10 +256,32 @@ class Engine:
         while (admission := self._next_admission()) is not None:
             slot, request = admission
             try:  # outside the lock: building a grammar sampler can take a while
+                self.swap_prompt(slot, request)
                 slot.start(request, self.ctx, self.model)
             except Exception as exc:  # a bad sampler (say, a grammar) fails this request alone
                 slot.release(self.ctx)
                 self._fail(request, exc)
+            self.save_idle_slots()
+
+    def swap_prompt(self, slot: Slot, request: Request) -> None:
+        """Before ``slot`` loses its prompt, copy it to RAM; bring back the cached prompt that serves
+        ``request`` best (llama-server: the prompt-cache update at the end of get_available_slot)."""
+        if self.prompt_cache is not None and swaps_prompt(slot, request):
+            slot.save_prompt(self.prompt_cache, self.ctx)
+            slot.load_prompt(self.prompt_cache, self.ctx, request.prompt)
+            self.prompt_cache.update()
+
+    def save_idle_slots(self) -> None:
+        """Copy every idle slot's prompt to RAM; on a unified KV cache, also free its cells for the
+        busy slots (llama-server: --cache-idle-slots, in process_single_task)."""
+        if not self.cache_idle_slots:
+            return
+        for slot in self.slots:
+            if slot.is_idle:
+                if slot.save_prompt(self.prompt_cache, self.ctx):
+                    self.prompt_cache.update()
+                if self.kv_unified:
+                    slot.clear_prompt(self.ctx)
 
     def _next_admission(self) -> tuple[Slot, Request] | None:
         with self._cond:
@@ -240,16 +300,14 @@ class Engine:
         for slot in self.slots:
             if slot.request is not None and slot.request.cancelled:
                 self.finish(slot, "cancelled")
+            elif self.context_shift and slot.is_generating and slot.n_past >= slot.n_ctx:
+                slot.shift_context(self.ctx, self.model.add_bos)
         in_batch = build_batch(self.slots, self.batch, self.step_tokens)
         if not in_batch:
             return
         n_generated = sum(slot.is_generating for slot in in_batch)
         t_decode = time.perf_counter()
-        try:
-            self.ctx.decode(self.batch)
-        except DecodeError as exc:
-            for slot in in_batch:
-                self.finish(slot, None, EngineError(str(exc)), keep_cache=False)
+        if not self.decode(in_batch):
             return
         t_sample = time.perf_counter()
         for slot in in_batch:
@@ -258,6 +316,33 @@ class Engine:
         record = StepRecord(t0, time.perf_counter() - t0, t_sample - t_decode, self.batch.n_tokens - n_generated, n_generated, len(in_batch))
         self.counters.record_step(record)
         self.steps.append(record)
+
+    def decode(self, in_batch: list[Slot]) -> bool:
+        """``llama_decode`` the batch; when the KV cache is full, clear idle slots one by one and retry
+        (llama-server: try_clear_idle_slots). If it still fails, the batch's requests fail."""
+        while True:
+            try:
+                self.ctx.decode(self.batch)
+                return True
+            except KVCacheFullError as exc:
+                if self.clear_idle_slot():
+                    continue
+                error = exc
+            except DecodeError as exc:
+                error = exc
+            for slot in in_batch:
+                self.finish(slot, None, EngineError(str(error)), keep_cache=False)
+            return False
+
+    def clear_idle_slot(self) -> bool:
+        """Free the cells of one idle slot that holds some (llama-server: try_clear_idle_slots).
+        Only a unified KV cache gains from it: separate streams do not share cells."""
+        for slot in self.slots if self.kv_unified else ():
+            if slot.is_idle and slot.cache_tokens:
+                log.warning("purging slot %d with %d tokens", slot.id, slot.n_past)
+                slot.clear_prompt(self.ctx)
+                return True
+        return False
 
     def process_token(self, slot: Slot) -> None:
         """Sample one token for ``slot`` and deliver it (llama-server: process_token)."""
@@ -287,8 +372,8 @@ class Engine:
         if slot.stops.stopped:
             request.stopping_word = slot.stops.word
             self.finish(slot, "stop", stop_type="word")
-        elif len(request.output) == params.max_tokens or slot.n_past >= slot.n_ctx:
-            request.truncated = slot.n_past >= slot.n_ctx
+        elif len(request.output) == params.max_tokens or (slot.n_past >= slot.n_ctx and not self.context_shift):
+            request.truncated |= slot.n_past >= slot.n_ctx
             self.finish(slot, "length", stop_type="limit")
 
     def deliver(self, slot: Slot, text: str) -> None:

@@ -54,7 +54,8 @@ class ContextSizeError(ValueError):
 class Timings:
     """llama-server's per-request ``timings`` object."""
 
-    cache_n: int = 0  # prompt tokens reused from the slot's KV cache
+    cache_n: int = 0  # prompt tokens reused from the slot's KV cache (from the prefix and moved chunks)
+    n_cache_reuse: int = 0  # llmkit's own: of those, tokens of chunks moved into place (--cache-reuse)
     prompt_n: int = 0  # prompt tokens evaluated
     prompt_ms: float = 0.0
     predicted_n: int = 0
@@ -68,6 +69,7 @@ class Timings:
         predicted_per_token_ms, predicted_per_second = per(self.predicted_n, self.predicted_ms)
         return {
             "cache_n": self.cache_n,
+            "n_cache_reuse": self.n_cache_reuse,
             "prompt_n": self.prompt_n,
             "prompt_ms": self.prompt_ms,
             "prompt_per_token_ms": prompt_per_token_ms,
@@ -107,6 +109,8 @@ class Request:
         cache_prompt: bool = True,
         id_slot: int | None = None,
         n_probs: int = 0,
+        n_keep: int = 0,
+        n_cache_reuse: int = 0,
     ):
         self.id = next(_ids)
         self.prompt = prompt
@@ -114,6 +118,8 @@ class Request:
         self.cache_prompt = cache_prompt
         self.id_slot = id_slot
         self.n_probs = n_probs  # > 0: report logprobs with this many alternatives
+        self.n_keep = n_keep  # context shift keeps this many prompt tokens (-1: the whole prompt)
+        self.n_cache_reuse = n_cache_reuse  # > 0: move cached chunks of at least this many tokens into place
 
         self.status = Status.WAITING
         self.slot_id: int | None = None

@@ -1,15 +1,17 @@
-"""The two decisions the engine makes each step: which slot a request gets, and what goes in the batch.
+"""The decisions the engine makes: which slot a request gets (and whether its prompt goes through the
+prompt cache), and what goes in each step's batch.
 
-Both are pure functions over the slots, so they can be read (and tested) on their own.
+They are pure functions over the slots, so they can be read (and tested) on their own.
 """
 
 from __future__ import annotations
 
 from llmkit.engine.request import Request, Status
-from llmkit.engine.slot import Slot
+from llmkit.engine.slot import Slot, common_prefix
 from llmkit.llama import Batch
 
 SIMILARITY_THRESHOLD = 0.1  # llama-server's --slot-prompt-similarity default
+KEEP_THRESHOLD = 0.5  # get_available_slot: a slot about to lose over half of what it holds goes to the prompt cache first
 
 
 def choose_slot(slots: list[Slot], request: Request) -> Slot | None:
@@ -31,6 +33,22 @@ def choose_slot(slots: list[Slot], request: Request) -> Slot | None:
         if best.similarity(request.prompt) > SIMILARITY_THRESHOLD:
             return best
     return min(idle, key=lambda s: s.t_last_used)
+
+
+def swaps_prompt(slot: Slot, request: Request) -> bool:
+    """Whether the chosen slot's prompt goes to the prompt cache and the best cached one comes back.
+
+    llama-server's ``update_cache`` in ``get_available_slot``: yes when the slot was
+    chosen as least recently used (its prompt is not the request's), or chosen by
+    similarity but would keep under half of what it holds; no when ``id_slot``
+    named it. (And no without ``cache_prompt``: the request would throw the
+    restored prompt away.)
+    """
+    if not request.cache_prompt:
+        return False
+    if slot.similarity(request.prompt) > SIMILARITY_THRESHOLD:  # chosen by similarity
+        return common_prefix(slot.cache_tokens, request.prompt) / len(slot.cache_tokens) < KEEP_THRESHOLD
+    return request.id_slot is None
 
 
 def build_batch(slots: list[Slot], batch: Batch, budget: int = 0) -> list[Slot]:

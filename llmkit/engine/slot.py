@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import time
 
+from typing import TYPE_CHECKING
+
 from llmkit.engine.request import Request, Status
 from llmkit.llama import Context, Model, Sampler
 from llmkit.text import Detokenizer, StopMatcher
+
+if TYPE_CHECKING:
+    from llmkit.engine.prompt_cache import PromptCache
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -38,6 +43,7 @@ class Slot:
         self.pending_tokens: list[int] = []  # sampled, text still held back (half a character, maybe a stop string)
         self.pending_logprobs: list = []
         self.t_last_used = 0.0
+        self.n_restored = 0  # prompts brought back into this slot from the prompt cache
 
     @property
     def is_idle(self) -> bool:
@@ -66,10 +72,11 @@ class Slot:
         (llama-server: launch_slot_with_task + the n_past logic of pre_decode)
         """
         prompt = request.prompt
-        n_keep = common_prefix(self.cache_tokens, prompt) if request.cache_prompt else 0
-        n_keep = min(n_keep, len(prompt) - 1)  # evaluate at least one token: we need its logits
+        n_past = common_prefix(self.cache_tokens, prompt) if request.cache_prompt else 0
+        n_moved = self.reuse_chunks(ctx, prompt, n_past, request.n_cache_reuse) if request.cache_prompt and request.n_cache_reuse > 0 else 0
+        n_keep = min(n_past + n_moved, len(prompt) - 1)  # evaluate at least one token: we need its logits
         if not ctx.seq_rm(self.id, n_keep, -1):
-            n_keep = 0  # this memory cannot cut a sequence in the middle: drop it all
+            n_keep = n_moved = 0  # this memory cannot cut a sequence in the middle: drop it all
             ctx.seq_rm(self.id, 0, -1)
         del self.cache_tokens[n_keep:]
 
@@ -83,8 +90,64 @@ class Slot:
         request.slot_id = self.id
         request.status = Status.PROMPT
         request.timings.cache_n = n_keep
+        request.timings.n_cache_reuse = min(n_moved, n_keep)
         request.timings.prompt_n = len(prompt) - n_keep
         request.t_start = time.perf_counter()
+
+    def reuse_chunks(self, ctx: Context, prompt: list[int], n_past: int, min_chunk: int) -> int:
+        """After the common prefix, move cached chunks that the prompt repeats into their new places.
+
+        (llama-server: the n_cache_reuse loop of update_slots, --cache-reuse.) An edited
+        early message changes the prefix; the messages after it are still in the cache,
+        only at other positions: a run of at least ``min_chunk`` matching tokens is
+        moved (``seq_rm`` the gap, ``seq_add`` to shift its positions) instead of read
+        again. Returns how many tokens were moved; ``cache_tokens`` follows the cells.
+        """
+        cache, n_moved = self.cache_tokens, 0
+        head_c = head_p = n_past  # where we are in the cache, and in the prompt
+        while head_c < len(cache) and head_p < len(prompt):
+            n = 0
+            while head_c + n < len(cache) and head_p + n < len(prompt) and cache[head_c + n] == prompt[head_p + n]:
+                n += 1
+            if n >= min_chunk:
+                ctx.seq_rm(self.id, head_p, head_c)
+                ctx.seq_add(self.id, head_c, head_c + n, head_p - head_c)
+                cache[head_p : head_p + n] = cache[head_c : head_c + n]
+                head_c, head_p, n_moved = head_c + n, head_p + n, n_moved + n
+            else:
+                head_c += 1
+        return n_moved
+
+    def shift_context(self, ctx: Context, add_bos: bool) -> None:
+        """Make room in a full slot: drop half the tokens after the request's first ``n_keep``, move the rest back.
+
+        (llama-server: the context shift at the top of pre_decode, --context-shift.)
+        The generation goes on, having forgotten the middle of what it read.
+        """
+        request = self.request
+        n_keep = len(request.prompt) if request.n_keep < 0 else request.n_keep
+        n_keep = min(self.n_ctx - 4, n_keep + add_bos)
+        n_left = self.n_past - n_keep
+        n_discard = max(0, min(n_left // 2, n_left - 1))
+        ctx.seq_rm(self.id, n_keep, n_keep + n_discard)
+        ctx.seq_add(self.id, n_keep + n_discard, self.n_past, -n_discard)
+        del self.cache_tokens[n_keep : n_keep + n_discard]
+        request.truncated = True
+
+    # --- the prompt cache (server_slot::prompt_save / prompt_load / prompt_clear) ----------
+
+    def save_prompt(self, cache: PromptCache, ctx: Context) -> bool:
+        return cache.save(ctx, self.id, self.cache_tokens)
+
+    def load_prompt(self, cache: PromptCache, ctx: Context, prompt: list[int]) -> None:
+        tokens = cache.load(ctx, self.id, self.cache_tokens, prompt)
+        if tokens is not None:
+            self.cache_tokens = tokens
+            self.n_restored += 1
+
+    def clear_prompt(self, ctx: Context) -> None:
+        ctx.seq_rm(self.id, 0, -1)
+        self.cache_tokens = []
 
     def release(self, ctx: Context, *, keep_cache: bool = True) -> None:
         """Free the slot. The KV cache stays for the next request unless ``keep_cache`` is False."""
@@ -95,13 +158,13 @@ class Slot:
         self.i_batch = -1
         self.t_last_used = time.perf_counter()
         if not keep_cache:
-            ctx.seq_rm(self.id, 0, -1)
-            self.cache_tokens.clear()
+            self.clear_prompt(ctx)
 
     def to_dict(self) -> dict:
         """State for ``GET /slots``."""
         r = self.request  # read once: the engine thread may free the slot while an HTTP thread reads it
-        state = {"id": self.id, "n_ctx": self.n_ctx, "is_processing": r is not None, "n_cached": self.n_past}
+        state = {"id": self.id, "n_ctx": self.n_ctx, "is_processing": r is not None, "n_cached": self.n_past,
+                 "n_restored_from_cache": self.n_restored}  # fmt: skip
         if r is not None:
             state.update(
                 id_task=r.id,

@@ -1,0 +1,154 @@
+"""The KV cache at llama-server's level, with the real model: the host-RAM prompt cache, cache reuse
+by moving chunks, context shift, and the unified KV cache of ``-np`` auto."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmkit.engine import Engine
+from llmkit.engine.prompt_cache import MIB
+
+LINES = [
+    "The harbour opens at six and the first boats leave before sunrise.",
+    "Fishermen mend their nets on the quay while the gulls watch.",
+    "By noon the market is full of voices, baskets and silver fish.",
+    "In the evening the lighthouse keeper climbs the narrow stairs.",
+    "Children race along the sea wall, counting the waves.",
+    "The baker sells the last loaves to the sailors coming home.",
+]
+SHARED = " ".join(LINES * 3)  # ~230 tokens that several prompts start with
+
+
+def greedy(engine: Engine, text: str, **kw):
+    return engine.complete(text, max_tokens=12, temperature=0, **kw)
+
+
+QUESTION = SHARED + " Question: when do the boats leave? Answer:"
+
+
+def test_a_prefix_comes_back_from_ram_on_another_slot_exactly_as_it_left(model):
+    # The same request after the same history, once on the slot that holds the prefix, once after the
+    # prefix went to RAM and came back on the other slot: the cells are copied bit for bit, so the
+    # greedy output is the same. (Any prefix hit reads the rest of the prompt in a smaller batch than
+    # a cold run does, and llama.cpp's float sums depend on the batch shape: the tiny model's greedy
+    # choice can differ from the cold one's. llama-server's cache has the same property.)
+    with Engine(model, n_parallel=2, n_ctx=2048, n_threads=1) as engine:
+        first = greedy(engine, SHARED + " Question: what do the gulls do? Answer:")
+        first.result()
+        same_slot = greedy(engine, QUESTION, id_slot=first.slot_id)
+        same_slot.result()
+    with Engine(model, n_parallel=2, n_ctx=2048, n_threads=1) as engine:
+        first = greedy(engine, SHARED + " Question: what do the gulls do? Answer:")
+        first.result()
+        # two unrelated prompts: both slots now hold something else, the shared prefix sits in RAM only
+        for text in ("A recipe for bread: flour, water, salt.", "Rules of chess: the king moves one square."):
+            greedy(engine, text).result()
+        shared = engine.model.tokenize(SHARED)
+        assert all(s.cache_tokens[:20] != shared[:20] for s in engine.slots)
+        hits = engine.prompt_cache.hits
+        from_ram = greedy(engine, QUESTION)
+        assert from_ram.result() == same_slot.result()
+        assert from_ram.slot_id != first.slot_id and engine.prompt_cache.hits == hits + 1
+        assert from_ram.timings.cache_n == same_slot.timings.cache_n >= len(shared) - 2
+        assert engine.slots[from_ram.slot_id].n_restored == 1
+
+
+def test_the_prompt_cache_stays_within_its_limit_and_evicts_the_oldest(model):
+    limit_mib = 4  # about 180 tokens of this model's KV cells (~22.5 KB a token)
+    with Engine(model, n_parallel=1, n_ctx=1024, n_threads=1, cache_ram_mib=limit_mib) as engine:
+        cache = engine.prompt_cache
+        for i in range(8):
+            greedy(engine, f"Note {i}: " + LINES[i % len(LINES)] * 2).result()
+            assert cache.size <= limit_mib * MIB
+        assert cache.saves >= 7 and cache.evictions >= 1
+        assert 1 <= len(cache.entries) < cache.saves
+        newest = engine.model.tokenize("Note 6: " + LINES[0] * 2)
+        assert cache.entries[-1].tokens[: len(newest)] == newest  # the oldest went first
+
+
+def test_no_prompt_cache_with_cache_ram_0(model):
+    with Engine(model, n_parallel=1, n_ctx=1024, n_threads=1, cache_ram_mib=0) as engine:
+        assert engine.prompt_cache is None
+        greedy(engine, SHARED).result()
+        greedy(engine, "Something else entirely.").result()
+        again = greedy(engine, SHARED)
+        again.result()
+        assert again.timings.cache_n < 5  # the one slot was overwritten and nothing kept it
+
+
+def chat_history(first_message: str) -> list[dict]:
+    turns = [{"role": "system", "content": "You answer in one short sentence."}, {"role": "user", "content": first_message}]
+    for i, line in enumerate(LINES * 2):
+        turns += [{"role": "assistant", "content": "Noted."}, {"role": "user", "content": f"Fact {i}: {line}"}]
+    return turns + [{"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Where do the children race?"}]
+
+
+def test_cache_reuse_moves_the_chunk_after_an_edit_instead_of_reading_it_again(model):
+    # llama-server's loop skips cache tokens, never prompt tokens: it catches text taken OUT of the
+    # cached prompt (a shortened or dropped message), not text put in
+    original = chat_history("My name is Ana and I live in a small house by the sea.")
+    edited = chat_history("My name is Ana.")
+    runs = {}
+    for n_cache_reuse in (32, 0):
+        with Engine(model, n_parallel=1, n_ctx=2048, n_threads=1, cache_ram_mib=0, cache_reuse=n_cache_reuse) as engine:
+            engine.chat(original, max_tokens=1, temperature=0).result()
+            runs[n_cache_reuse] = engine.chat(edited, max_tokens=12, temperature=0)
+            runs[n_cache_reuse].result()
+            cold = engine.chat(edited, max_tokens=12, temperature=0, cache_prompt=False)
+            cold.result()
+    n_prompt = len(model.tokenize_chat(edited))
+    reused, plain = runs[32].timings, runs[0].timings
+    assert reused.n_cache_reuse > 0.8 * n_prompt  # the history after the edit was moved, not read
+    assert reused.prompt_n <= 0.15 * n_prompt
+    assert reused.cache_n + reused.prompt_n == n_prompt
+    assert plain.n_cache_reuse == 0 and plain.prompt_n > 0.8 * n_prompt
+    # the moved cells were computed with the removed words still before them: an approximation
+    # (llama-server's too), which a few greedy tokens of this chat do not notice
+    assert runs[32].result() == runs[0].result() == cold.result()
+
+
+def test_context_shift_keeps_generating_past_the_slot(model):
+    prompt = "Count: one, two, three, four, five, six,"
+    with Engine(model, n_parallel=1, n_ctx=256, n_threads=1, context_shift=True) as engine:
+        r = engine.complete(prompt, max_tokens=400, temperature=0, ignore_eos=True, n_keep=-1)
+        r.result()
+        assert len(r.output) == 400 > engine.n_ctx_slot
+        assert r.finish_reason == "length" and r.truncated
+        n_prompt = len(engine.model.tokenize(prompt))
+        assert engine.slots[0].cache_tokens[:n_prompt] == engine.model.tokenize(prompt)  # n_keep = -1 kept the prompt
+    with Engine(model, n_parallel=1, n_ctx=256, n_threads=1) as engine:
+        r = engine.complete(prompt, max_tokens=400, temperature=0, ignore_eos=True)
+        r.result()
+        assert r.finish_reason == "length" and r.truncated and len(r.output) < engine.n_ctx_slot
+
+
+def test_np_auto_is_four_slots_on_a_unified_kv_cache_serving_four_at_once(model):
+    with Engine(model, n_ctx=2048, n_threads=1) as engine:
+        assert engine.kv_unified and len(engine.slots) == 4
+        assert all(s.n_ctx == 2048 for s in engine.slots)  # each slot may use the whole context
+        requests = [greedy(engine, f"{i}. " + line) for i, line in enumerate(LINES[:4])]
+        assert all(r.result() for r in requests)
+        assert len({r.slot_id for r in requests}) == 4
+        assert max(s.n_slots for s in engine.steps) == 4  # one decode held all four
+
+
+def test_a_full_unified_kv_cache_clears_idle_slots_and_goes_on(model):
+    with Engine(model, n_ctx=512, n_threads=1, cache_idle_slots=False, cache_ram_mib=0) as engine:
+        for line in LINES[:3]:  # three slots left holding most of the 512 cells
+            greedy(engine, line * 9).result()
+        free = 512 - sum(s.n_past for s in engine.slots)
+        assert len(engine.model.tokenize(LINES[3] * 9)) > free
+        last = greedy(engine, LINES[3] * 9)
+        assert last.result() and last.error is None
+        assert any(s.n_past == 0 for s in engine.slots if s.id != last.slot_id)
+
+
+@pytest.mark.parametrize("n_parallel", [-1, 2])
+def test_idle_slots_are_saved_and_cleared_only_on_a_unified_cache(model, n_parallel):
+    with Engine(model, n_parallel=n_parallel, n_ctx=1024, n_threads=1) as engine:
+        first = greedy(engine, SHARED)
+        first.result()
+        greedy(engine, "Another prompt.").result()
+        held = engine.slots[first.slot_id].n_past
+        assert (held == 0) == engine.kv_unified
+        assert any(e.tokens[:10] == engine.model.tokenize(SHARED)[:10] for e in engine.prompt_cache.entries)
