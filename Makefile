@@ -15,7 +15,7 @@ help:
 	@echo "make bench   side-by-side benchmark of the servers (writes bench-results/)"
 	@echo "make llama-server   build the real llama-server from the same llama.cpp (once, ~12 min; make test does it)"
 	@echo "make serve-sequential | serve-slots   run a server on port $(PORT)"
-	@echo "make book    build the static site from the notebooks"
+	@echo "make book    build the course as a site, English and Japanese (book/_build/html/index.html)"
 
 # First run compiles llama.cpp (about 5 minutes on 2 cores); pip caches the wheel afterwards.
 $(INSTALLED): pyproject.toml
@@ -28,14 +28,16 @@ $(INSTALLED): pyproject.toml
 
 install: $(INSTALLED)
 
-# The browser test drives Debian's Chromium through chromedriver.
+# The browser tests drive Debian's Chromium through chromedriver; the book test also needs a font with Japanese
+# glyphs (Noto CJK), else Japanese pages draw boxes ("tofu").
+BROWSER_PACKAGES := chromium chromium-driver fonts-noto-cjk
 browser:
-	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null && fc-list :lang=ja | grep -q .; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
-		echo "Installing Debian's chromium and chromium-driver for the browser test"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+		echo "Installing Debian's $(BROWSER_PACKAGES) for the browser tests"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BROWSER_PACKAGES) >/dev/null; \
 	else \
-		echo "The browser test needs Chromium. Run once:  sudo apt-get install -y chromium chromium-driver"; \
+		echo "The browser tests need Chromium and a Japanese font. Run once:  sudo apt-get install -y $(BROWSER_PACKAGES)"; \
 	fi
 
 # The real llama-server, from the llama.cpp source of the installed llama-cpp-python: built once (~12 min on
@@ -61,8 +63,10 @@ serve-sequential: $(INSTALLED)
 serve-slots: $(INSTALLED)
 	$(VENV)/bin/llmkit serve slots --port $(PORT)
 
+# Both editions (notebooks/en, notebooks/ja), one Jupyter Book build each, under a landing page:
+# book/_build/html/index.html, en/, ja/ (book/build.py). BOOK_ARGS="-W" turns warnings into errors.
 book: $(INSTALLED)
-	$(VENV)/bin/jupyter-book build notebooks --config $(CURDIR)/book/_config.yml --toc $(CURDIR)/book/_toc.yml --path-output $(CURDIR)/book
+	$(PY) book/build.py $(BOOK_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info bench-results book/_build

@@ -1,0 +1,60 @@
+"""Sphinx extension for the two editions of the book (English and Japanese, one build each).
+
+Every page gets a link to the same page in the other edition (in the article header, beside the
+theme's buttons) and ``<link rel="alternate" hreflang=...>`` tags; theme labels that Jupyter Book
+sets in English (the search box) follow the edition's ``language``; Japanese pages get a font
+stack that picks a Japanese (not Chinese) CJK face where one is installed.
+
+The editions sit side by side in the published site (``en/``, ``ja/``, see book/build.py) and
+have the same page names (the notebooks' file names are the same in notebooks/en and ja), so the
+other edition's page is ``../<lang>/<pagename>.html`` from an edition's root.
+
+Config (book/<lang>/_config.yml, ``sphinx.config``): ``language`` and ``bilingual_editions``,
+``{code: name in its own language}``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+SEARCH_BAR_TEXT = {"en": "Search this book…", "ja": "この本を検索…"}
+SWITCH_TITLE = {"en": "Read this page in {name}", "ja": "このページを{name}で読む"}
+
+
+def _config_inited(app, config):
+    config.templates_path.append(str(HERE / "templates"))
+    config.html_static_path.append(str(HERE / "static"))
+    language = config.language or "en"
+    options = config.html_theme_options
+    options["search_bar_text"] = SEARCH_BAR_TEXT.get(language, SEARCH_BAR_TEXT["en"])
+    end = options.get("article_header_end") or ["article-header-buttons.html"]
+    if isinstance(end, str):
+        end = [end]
+    options["article_header_end"] = ["language-switch.html", *[t for t in end if t != "language-switch.html"]]
+
+
+def _page_context(app, pagename, templatename, context, doctree):
+    language = app.config.language or "en"
+    to_root = "../" * pagename.count("/")
+    others = []
+    for code, name in app.config.bilingual_editions.items():
+        if code == language:
+            continue
+        url = f"{to_root}../{code}/{pagename}.html"
+        title = SWITCH_TITLE.get(language, SWITCH_TITLE["en"]).format(name=name)
+        others.append({"code": code, "name": name, "url": url, "title": title})
+    context["bilingual_others"] = others
+    alternates = "".join(
+        f'<link rel="alternate" hreflang="{o["code"]}" href="{o["url"]}" />\n' for o in others
+    )
+    context["metatags"] = context.get("metatags", "") + alternates
+
+
+def setup(app):
+    app.add_config_value("bilingual_editions", {"en": "English", "ja": "日本語"}, "html")
+    app.connect("config-inited", _config_inited)
+    app.connect("html-page-context", _page_context)
+    app.add_css_file("bilingual.css")
+    return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
