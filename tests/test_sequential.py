@@ -119,6 +119,8 @@ def test_health_answers_while_a_translation_runs(sequential_server):
         (b'{"text": ""}', 400, "'text' is required"),
         (b'{"text": 42}', 400, "'text' is required"),
         (b'{"text": null}', 400, "'text' is required"),
+        (rb'{"text": "Hi \ud800"}', 400, "'text' is not valid Unicode (it holds a lone surrogate)"),
+        (rb'{"text": "Hi", "target_lang": "\udfff"}', 400, "'target_lang' is not valid Unicode (it holds a lone surrogate)"),
     ],
 )
 @pytest.mark.parametrize("path", ["/translate", "/translate/stream"])
@@ -126,6 +128,15 @@ def test_bad_body(sequential_server, path, content, status, message):
     r = httpx.post(f"{sequential_server.url}{path}", content=content, headers={"content-type": "application/json"})
     assert r.status_code == status
     assert r.json() == {"error": message}
+
+
+@pytest.mark.parametrize("content", [b"[" * 100_000 + b"]" * 100_000, b'{"text": ' + b'{"a": ' * 100_000])
+@pytest.mark.parametrize("path", ["/translate", "/translate/stream", "/models/select"])
+def test_a_body_nested_100_000_deep_is_400(sequential_server, path, content):
+    r = httpx.post(f"{sequential_server.url}{path}", content=content, headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert r.json() == {"error": "Invalid JSON: nested too deeply"}
+    assert httpx.get(f"{sequential_server.url}/health").status_code == 200
 
 
 @pytest.mark.parametrize("lang", [5, ["ja"], {"x": 1}, "", None])
@@ -300,6 +311,12 @@ def test_translate_command_streams_from_a_server(sequential_server):
     p = run_cli("translate", "Thank you very much.", "--to", "es", "--url", sequential_server.url)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip()
+
+
+def test_translate_command_reports_an_error_answer(sequential_server):
+    p = run_cli("translate", "", "--url", sequential_server.url)
+    assert p.returncode == 1 and p.stdout == ""
+    assert p.stderr.strip() == "error: 'text' is required"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -53,9 +53,20 @@ async def body_object(request: Request) -> dict:
         body = json.loads(await request.body())
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise BadRequest("Invalid JSON")
+    except RecursionError:  # Python's parser recurses once per level of [ or {
+        raise BadRequest("Invalid JSON: nested too deeply")
     if not isinstance(body, dict):
         raise BadRequest("'text' is required")
     return body
+
+
+def is_unicode(text: str) -> bool:
+    """False for a string holding a lone surrogate: JSON can say "\\ud800", UTF-8 (and so the tokenizer) cannot."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 async def translation_request(request: Request) -> tuple[str, str]:
@@ -65,6 +76,9 @@ async def translation_request(request: Request) -> tuple[str, str]:
         raise BadRequest("'text' is required")
     if not isinstance(lang, str) or not lang.strip():
         raise BadRequest("'target_lang' must be a non-empty string, such as \"ja\"")
+    for name, value in (("text", text), ("target_lang", lang)):
+        if not is_unicode(value):
+            raise BadRequest(f"'{name}' is not valid Unicode (it holds a lone surrogate)")
     return text, lang
 
 
