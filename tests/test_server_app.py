@@ -41,6 +41,9 @@ class FakeModel:
     def token_to_piece(self, token: int) -> bytes:
         return b"x"
 
+    def apply_chat_template(self, messages: list[dict]) -> str:
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages)
+
 
 class FakeEngine:
     """``submit`` runs ``script(request)`` at once: the request's events are queued before anyone reads."""
@@ -173,3 +176,14 @@ def test_a_body_nested_100_000_deep_is_a_400(path, content):
         assert r.status_code == 400 and r.headers["content-type"] == "application/json"
         assert r.json() == {"error": {"code": 400, "message": "There was an error parsing the body", "type": "invalid_request_error"}}
         assert httpx.get(url + "/health").status_code == 200
+
+
+def test_a_lone_surrogate_in_a_message_is_a_400():
+    with launch.serve_app(create_app(FakeEngine(), Settings(alias="fake"))) as url:
+        ok = httpx.post(url + "/apply-template", json={"messages": [{"role": "user", "content": "Hi"}]})
+        assert ok.status_code == 200 and ok.json() == {"prompt": "<user>Hi"}
+        r = httpx.post(url + "/apply-template", content=rb'{"messages": [{"role": "user", "content": "Hi \ud800"}]}',
+                       headers={"content-type": "application/json"})  # fmt: skip
+        assert r.status_code == 400
+        assert r.json() == {"error": {"code": 400, "message": "the text is not valid Unicode (it holds a lone surrogate)",
+                                      "type": "invalid_request_error"}}  # fmt: skip

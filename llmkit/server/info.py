@@ -16,6 +16,7 @@ import time
 from fastapi import APIRouter
 from fastapi.responses import Response
 
+from llmkit.llama import Model
 from llmkit.server import metrics
 from llmkit.server.errors import ApiError, off_loop
 from llmkit.server.protocol import ChatCompletionRequest, DetokenizeRequest, TokenizeRequest, check_tokens
@@ -103,7 +104,14 @@ async def detokenize(body: DetokenizeRequest, state: State) -> dict:
 async def apply_template(body: ChatCompletionRequest, state: State) -> dict:
     """The chat prompt as text, nothing generated (llama-server: post_apply_template)."""
     messages = [m.to_template() for m in body.messages]
-    return {"prompt": await off_loop(state.engine.model.apply_chat_template, messages)}
+    return {"prompt": await off_loop(render_chat, state.engine.model, messages)}
+
+
+def render_chat(model: Model, messages: list[dict]) -> str:
+    """The chat template applied; the text must be UTF-8 to be sent (a lone surrogate is a 400 from ``off_loop``, as for chat)."""
+    prompt = model.apply_chat_template(messages)
+    prompt.encode("utf-8")
+    return prompt
 
 
 def text_or_bytes(raw: bytes) -> str | list[int]:
