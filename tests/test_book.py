@@ -367,3 +367,22 @@ def test_chapter_in_a_browser(browser, server, lang):
     switch.click()
     assert browser.current_url.endswith(f"/{other}/{CHAPTER}.html"), browser.current_url
     assert browser.find_element(By.TAG_NAME, "html").get_attribute("lang") == other
+
+
+@pytest.mark.parametrize("lang", list(EDITIONS))
+def test_search_finds_the_chapter_in_its_language(browser, server, lang):
+    """Each edition has its own search index (Japanese is split into words by Sphinx's Japanese splitter)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    title = chapter_title(SOURCE["notebooks"] / lang / f"{CHAPTER}.ipynb")
+    pattern = r"[\u30a0-\u30ff\u4e00-\u9fff]+" if lang == "ja" else r"[A-Za-z]{4,}"
+    word = max(re.findall(pattern, title), key=len)
+    open_page(browser, urljoin(server, f"{lang}/search.html?q={word}"))
+    WebDriverWait(browser, TIMEOUT).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#search-results ul.search li a"),
+        f"{lang}: searching {word!r} found nothing",
+    )
+    found = [a.get_attribute("href") for a in browser.find_elements(By.CSS_SELECTOR, "#search-results ul.search li a")]
+    assert any(urlsplit(h).path.endswith(f"/{lang}/{CHAPTER}.html") for h in found), (word, found)
+    assert all(f"/{lang}/" in urlsplit(h).path for h in found), f"search left the {lang} edition: {found}"
