@@ -104,13 +104,20 @@ def test_503_while_the_model_loads_then_ok():
 
 
 def test_a_model_that_fails_to_load_is_a_500():
+    go = threading.Event()
+
     def fail() -> FakeEngine:
+        go.wait(10)
         raise RuntimeError("not a GGUF file")
 
     with running(create_app(fail)) as url:
-        time.sleep(0.2)
-        r = httpx.get(url + "/health")
-        assert r.status_code == 500 and "not a GGUF file" in r.json()["error"]["message"]
+        assert httpx.get(url + "/health").status_code == 503  # still loading
+        go.set()
+        deadline = time.monotonic() + 10
+        while (r := httpx.get(url + "/health")).status_code == 503 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert r.status_code == 500 and r.json()["error"]["message"] == "The model failed to load: not a GGUF file"
+        assert httpx.get(url + "/v1/models").status_code == 500  # every path, from then on
 
 
 def test_an_unexpected_exception_is_a_json_500_and_the_server_keeps_serving():

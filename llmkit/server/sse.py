@@ -17,7 +17,7 @@ endpoints share one code path. A stream is:
     data: {"index": 0, "content": "Hel", "tokens": [...], "stop": false, ...}   one per text piece
     data: {"index": 0, "content": "", "tokens": [], "stop": true, ..., "timings": {...}}
 
-Both answer the same four calls, which is all ``app.generate`` needs:
+Both answer the same four calls, which is all ``generation.generate`` needs:
 ``response`` (whole), then for a stream ``opening``, ``chunk`` per piece,
 ``closing``, and the ``done`` line if any.
 """
