@@ -41,8 +41,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     slots = serve.add_parser("slots", help="the OpenAI-compatible slot server: continuous batching over -np slots")
     add_common_server_flags(slots)
-    slots.add_argument("-c", "--ctx-size", type=int, default=8192, help="TOTAL context in tokens, split between the slots (default 8192)")
-    slots.add_argument("-np", "--parallel", type=int, default=4, help="number of slots (default 4)")
+    slots.add_argument("-c", "--ctx-size", type=int, default=8192, help="TOTAL context in tokens (default 8192): shared by the slots on a unified KV cache, else split between them")
+    slots.add_argument("-np", "--parallel", type=int, default=-1,
+                       help="number of slots (default -1 = auto: 4 slots on a unified KV cache, as llama-server)")
+    slots.add_argument("-kvu", "--kv-unified", action=argparse.BooleanOptionalAction, default=None,
+                       help="one KV cache shared by all slots, each may use all of -c (default: on with -np auto, off with -np N); "
+                            "--no-kv-unified: a KV stream of -c / -np per slot")
+    slots.add_argument("--cache-ram", type=int, default=8192, metavar="MIB",
+                       help="host-RAM prompt cache size in MiB (default 8192, 0: off, -1: no limit)")
+    slots.add_argument("--cache-idle-slots", action=argparse.BooleanOptionalAction, default=True,
+                       help="copy idle slots to the prompt cache when a request starts (default on)")
+    slots.add_argument("--cache-reuse", type=int, default=0, metavar="N",
+                       help="move cached chunks of at least N tokens into place instead of reading them again (default 0: off)")
+    slots.add_argument("--context-shift", action=argparse.BooleanOptionalAction, default=False,
+                       help="when a generation fills its slot, drop tokens after n_keep and go on (default off)")
     slots.add_argument("-b", "--batch-size", type=int, default=2048, help="max tokens per llama_decode (default 2048)")
     slots.add_argument("--step-tokens", type=int, default=DEFAULT_STEP_TOKENS, metavar="N",
                        help=f"token budget of one engine step: running streams first, then prompt chunks, so a burst of "
@@ -67,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-t", "--threads", type=int, default=None, help="CPU threads of the servers started here and of the raw loop")
     b.add_argument("-m", "--model", help="GGUF file (default: the embedded SmolLM2-135M-Instruct)")
     b.add_argument("-o", "--out", default="bench-results", help="output folder (default bench-results/)")
-    b.add_argument("--skip", nargs="+", default=[], choices=["sequential", "slots", "no-budget", "llama-server", "raw", "prefix", "arrivals"],
+    b.add_argument("--skip", nargs="+", default=[], choices=["sequential", "slots", "no-budget", "llama-server", "raw", "prefix", "arrivals", "kv-cache"],
                    help="leave out a server or a scenario (no-budget: the slot server with --step-tokens 0; llama-server: built from the pinned llama.cpp)")
     b.add_argument("--arrivals", type=int, nargs="*", default=[1, 4], metavar="K",
                    help="arrivals scenario: K streams running when long prompts arrive (default 1 4; none: skip)")
@@ -110,14 +122,18 @@ def serve_slots(args: argparse.Namespace) -> int:
     from llmkit.server import Settings, create_app
 
     path = models.resolve_model(args.model)  # a bad path fails here, before the server starts
-    if args.step_tokens and args.step_tokens < 2 * args.parallel:
-        print(f"llmkit: error: --step-tokens must be 0 or at least 2 x --parallel = {2 * args.parallel}", file=sys.stderr)
+    n_slots = 4 if args.parallel == -1 else args.parallel
+    if args.step_tokens and args.step_tokens < 2 * n_slots:
+        print(f"llmkit: error: --step-tokens must be 0 or at least 2 x the number of slots = {2 * n_slots}", file=sys.stderr)
         return 2
 
     def load() -> Engine:
         try:
-            return Engine(path, n_parallel=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads,
-                          step_tokens=args.step_tokens)
+            return Engine(
+                path, n_parallel=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads,
+                kv_unified=args.kv_unified, step_tokens=args.step_tokens, cache_ram_mib=args.cache_ram,
+                cache_idle_slots=args.cache_idle_slots, cache_reuse=args.cache_reuse, context_shift=args.context_shift,
+            )  # fmt: skip
         except BaseException:
             server.should_exit = True  # llama-server exits when the model does not load: so do we
             raise

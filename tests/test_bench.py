@@ -27,7 +27,7 @@ def markdown_table(text: str, header_start: str) -> list[list[str]]:
 
 def test_bench_tiny_run(tmp_path):
     cfg = bench.Config(concurrency=(1, 2), max_tokens=8, threads=1, out=tmp_path, prefix_tokens=60, soak=6, soak_every=3, rounds=2,
-                       arrivals=(1,), arrival_prompts=2, arrival_tokens=60)
+                       arrivals=(1,), arrival_prompts=2, arrival_tokens=60, chat_tokens=200)
     results = bench.run(cfg)
 
     assert {(r.server, r.concurrency) for r in results.rows} == {(s, c) for s in SERVERS for c in (1, 2)}
@@ -58,7 +58,11 @@ def test_bench_tiny_run(tmp_path):
         assert scene["arrival_ttft_max_ms"] >= scene["arrival_ttft_median_ms"] > 0 and scene["tokens_per_s"] > 0
         if scene["server"] != "sequential":  # the sequential server reads the arrivals after the stream: no gap
             assert scene["gap_max_ms"] >= scene["gap_p99_ms"] >= scene["gap_p50_ms"] > 0
-    assert "## Soak (memory)" in saved and results.soak["requests"] == 6 and len(results.soak["samples"]) == 3
+    assert "## Soak (memory, --cache-ram 64)" in saved and results.soak["requests"] == 6 and len(results.soak["samples"]) == 3
+    caching = markdown_table(saved, "| server | cold first token")
+    assert [row[0] for row in caching[1:]] == ["slots", "llama-server"]
+    for scene in results.kv_cache:  # both servers bring the prefix back from RAM and move the edited chat's chunk
+        assert scene["ram_cached_tokens"] >= 50 and scene["edited_read_share"] < 0.5, scene
 
     targets = markdown_table(saved, "| target |")
     assert all(row[2] in ("PASS", "FAIL", "n/a", "info") for row in targets[1:])
@@ -68,7 +72,7 @@ def test_bench_tiny_run(tmp_path):
 
     assert results.plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads((tmp_path / "results.json").read_text())
-    assert len(data["rows"]) == 10 and len(data["arrivals"]) == 4 and data["config"]["max_tokens"] == 8
+    assert len(data["rows"]) == 10 and len(data["arrivals"]) == 4 and len(data["kv_cache"]) == 2 and data["config"]["max_tokens"] == 8
 
 
 def test_bench_command_line():

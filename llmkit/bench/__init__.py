@@ -14,8 +14,12 @@ What one run measures (and writes to ``bench-results/``: results.md, results.jso
 - prefix reuse (``scenarios.prefix_reuse``): TTFT of a request with a new ~800-token
   system prompt (cold) vs the next ones that share it (warm);
 - arrivals (``scenarios.arrivals``): a burst of long prompts while 1 or 4 streams run;
-- with ``--soak N``: N short requests to a slot server with 4 slots of 2048
-  tokens, its resident memory sampled every 100 requests (``scenarios.soak``);
+- the KV cache beyond one slot (``scenarios.kv_cache``), on the slot server and
+  llama-server started with 2 slots and ``--cache-reuse``: a long prefix back from
+  the host-RAM prompt cache on another slot, and an edited chat;
+- with ``--soak N``: N short requests with distinct prefixes to a slot server with
+  4 slots of 2048 tokens and ``--cache-ram 64``, its resident memory sampled every
+  100 requests (``scenarios.soak``);
 - the targets, judged on ratios (``report.judge``).
 
 Every server gets the same prompts: the sequential server's translation prompt,
@@ -50,10 +54,10 @@ from tqdm import tqdm
 
 from llmkit import launch
 from llmkit.bench import report
-from llmkit.bench.config import NO_BUDGET, RAW, BenchError, Config
-from llmkit.bench.prompts import LANG, TEXTS, chat_prompt, long_system_prompt, long_text
+from llmkit.bench.config import CACHE_REUSE, NO_BUDGET, RAW, SOAK_CACHE_RAM_MIB, BenchError, Config
+from llmkit.bench.prompts import LANG, TEXTS, chat_prompt, edited_chat, long_system_prompt, long_text
 from llmkit.bench.raw import RawDecoder
-from llmkit.bench.scenarios import Row, all_levels, arrivals, prefix_reuse, soak
+from llmkit.bench.scenarios import Row, all_levels, arrivals, kv_cache, prefix_reuse, soak
 from llmkit.bench.servers import OpenAIServer, SequentialServer, Server, server_flags, start_servers
 
 __all__ = [
@@ -72,12 +76,13 @@ class Results:
     table_path: Path
     plot_path: Path
     arrivals: list[dict] = field(default_factory=list)
+    kv_cache: list[dict] = field(default_factory=list)
 
 
 def run(cfg: Config) -> Results:
     """Every scenario on every server not skipped; the tables, plot and JSON written to ``cfg.out``."""
     cfg.out.mkdir(parents=True, exist_ok=True)
-    prefix, burst, soaked = [], [], None
+    prefix, burst, caching, soaked = [], [], [], None
     with contextlib.ExitStack() as stack:
         raw = None
         if "raw" not in cfg.skip:
@@ -95,10 +100,17 @@ def run(cfg: Config) -> Results:
                 tag = uuid.uuid4().hex[:12]
                 prompts = [long_text(cfg.model, cfg.arrival_tokens, f"Log {tag}-{j}") for j in range(cfg.arrival_prompts)]
                 burst.append(asyncio.run(arrivals(server, k, prompts, cfg)))
-    if cfg.soak:
-        with launch.serve("slots", "-np", "4", "-c", "8192", *server_flags(cfg)) as p:
+    if "kv-cache" not in cfg.skip:
+        system = long_system_prompt(cfg.model, cfg.prefix_tokens)
+        history, shortened = edited_chat(cfg.model, cfg.chat_tokens)
+        for kind in ("slots", "llama-server"):
+            if kind not in cfg.skip:
+                with launch.serve(kind, "-np", "2", "-c", "4096", "--cache-reuse", str(CACHE_REUSE), *server_flags(cfg)) as p:
+                    caching.append(asyncio.run(kv_cache(OpenAIServer(kind, p.url), system, history, shortened)))
+    if cfg.soak:  # distinct prompts fill the prompt cache to its limit, then evict
+        with launch.serve("slots", "-np", "4", "-c", "8192", "--cache-ram", str(SOAK_CACHE_RAM_MIB), *server_flags(cfg)) as p:
             soaked = asyncio.run(soak(OpenAIServer("slots (4 x 2048)", p.url, pid=p.process.pid), cfg))
-    targets = report.judge(rows, prefix, soaked, cfg, burst)
+    targets = report.judge(rows, prefix, soaked, cfg, burst, caching)
     plot_path, table_path = cfg.out / "bench.png", cfg.out / "results.md"
     report.plot(rows, plot_path)
     parts = [
@@ -111,12 +123,14 @@ def run(cfg: Config) -> Results:
     if burst:
         parts.append(f"## Arrivals ({cfg.arrival_prompts} prompts of ~{cfg.arrival_tokens} tokens at once while streams run)\n\n"
                      + report.arrivals_table(burst))  # fmt: skip
+    if caching:
+        parts.append(f"## KV cache beyond one slot (2 slots, --cache-reuse {CACHE_REUSE})\n\n" + report.kv_cache_table(caching))
     if soaked:
-        parts.append("## Soak (memory)\n\n" + report.soak_table(soaked))
+        parts.append(f"## Soak (memory, --cache-ram {SOAK_CACHE_RAM_MIB})\n\n" + report.soak_table(soaked))
     parts.append("## Targets\n\n" + report.targets_table(targets))
     markdown = "\n\n".join(parts) + "\n"
     table_path.write_text(markdown)
     data = {"config": {**asdict(cfg), "out": str(cfg.out), "skip": sorted(cfg.skip)}, "rows": [asdict(r) for r in rows],
-            "prefix": prefix, "arrivals": burst, "soak": soaked, "targets": targets}  # fmt: skip
+            "prefix": prefix, "arrivals": burst, "kv_cache": caching, "soak": soaked, "targets": targets}  # fmt: skip
     (cfg.out / "results.json").write_text(json.dumps(data, indent=2))
-    return Results(rows, prefix, soaked, targets, markdown, table_path, plot_path, burst)
+    return Results(rows, prefix, soaked, targets, markdown, table_path, plot_path, burst, caching)

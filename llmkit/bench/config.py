@@ -7,6 +7,8 @@ from pathlib import Path
 
 RAW = "raw decode (no server)"  # the row name of the raw loop
 NO_BUDGET = "slots, no budget"  # the slot server with --step-tokens 0
+CACHE_REUSE = 64  # --cache-reuse of the kv_cache scenario's servers (llama-server's presets use 256)
+SOAK_CACHE_RAM_MIB = 64  # --cache-ram of the soak's server: small, so that 1000 distinct prompts must evict
 
 
 @dataclass
@@ -17,9 +19,10 @@ class Config:
     model: str | None = None
     urls: dict[str, str] = field(default_factory=dict)  # name -> base URL of an OpenAI-compatible server
     out: Path = Path("bench-results")
-    skip: frozenset[str] = frozenset()  # any of: sequential, slots, no-budget, llama-server, raw, prefix, arrivals
+    skip: frozenset[str] = frozenset()  # any of: sequential, slots, no-budget, llama-server, raw, prefix, arrivals, kv-cache
     ctx_per_slot: int = 1024
     prefix_tokens: int = 800
+    chat_tokens: int = 1000  # the kv_cache scenario's edited chat
     cache_prompt: bool = False  # let servers reuse cached prompts in the concurrency levels
     soak: int = 0  # requests in the soak test (0: no soak)
     rounds: int = 1  # runs of each concurrency level per server; the median run is reported

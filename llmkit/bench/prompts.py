@@ -56,3 +56,22 @@ def long_system_prompt(model_path: str | None, n_tokens: int) -> str:
                   f"shelf {i * 7 % 31}, catalogued in {1900 + i}.",
         sep="\n",
     )  # fmt: skip
+
+
+def edited_chat(model_path: str | None, n_tokens: int) -> tuple[list[dict], list[dict]]:
+    """A chat of about ``n_tokens`` tokens, and the same chat with its first message shortened (cache reuse)."""
+    from llmkit.llama import Model
+
+    def chat(first: str, facts: list[str]) -> list[dict]:
+        turns = [{"role": "user", "content": first}]
+        for fact in facts:
+            turns += [{"role": "assistant", "content": "Noted."}, {"role": "user", "content": fact}]
+        return turns
+
+    first = "My name is Ana and I live in a small house by the sea, next to the old harbour."
+    facts: list[str] = []
+    with Model(models.resolve_model(model_path)) as model:
+        while len(model.tokenize_chat(chat(first, facts))) < n_tokens:
+            i = len(facts) + 1
+            facts.append(f"Fact {i}: ship {i} came in from port {i * 7 % 23} with {i * 13 % 97} crates of {['tea', 'salt', 'wool'][i % 3]}.")
+    return chat(first, facts), chat("My name is Ana.", facts)

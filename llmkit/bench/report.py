@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmkit.bench.config import NO_BUDGET, RAW, Config
+from llmkit.bench.config import NO_BUDGET, RAW, SOAK_CACHE_RAM_MIB, Config
 from llmkit.bench.scenarios import Row
 
 GROWTH_LIMIT = 1.03  # soak: last RSS sample / first (after 100 requests) must stay under this
@@ -83,7 +83,19 @@ def plot(rows: list[Row], path: Path) -> None:
     plt.close(fig)
 
 
-def judge(rows: list[Row], prefix: list[dict], soaked: dict | None, cfg: Config, burst: list[dict] = ()) -> list[tuple[str, str, str]]:
+def kv_cache_table(results: list[dict]) -> str:
+    head = "| server | cold first token | same slot | from RAM, other slot | cold / RAM | edited ~1,000-token chat: share read again |"
+    lines = [head, "|---|---|---|---|---|---|"]
+    for r in results:
+        share = f"{100 * r['edited_read_share']:.0f} %" if r["edited_read_share"] is not None else "n/a"
+        lines.append(f"| {r['server']} | {r['cold_ms']:.0f} ms | {r['same_slot_ms']:.0f} ms | {r['ram_ms']:.0f} ms "
+                     f"({r['ram_cached_tokens']} cached) | {r['cold_ms'] / r['ram_ms']:.1f}x | {share} of {r['chat_tokens']} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def judge(
+    rows: list[Row], prefix: list[dict], soaked: dict | None, cfg: Config, burst: list[dict] = (), caching: list[dict] = ()
+) -> list[tuple[str, str, str]]:
     """The targets: (target, measured, PASS | FAIL | n/a | info), judged on ratios of numbers from this run."""
     n = max(cfg.concurrency)
     at = {(r.server, r.concurrency): r for r in rows}
@@ -116,6 +128,18 @@ def judge(rows: list[Row], prefix: list[dict], soaked: dict | None, cfg: Config,
     r = soaked["growth"] if soaked else None
     note = f" ({soaked['rss_first_mb']:.0f} -> {soaked['rss_last_mb']:.0f} MB, peak {soaked['rss_peak_mb']:.0f} MB)" if soaked else ""
     check(f"slots RSS does not grow over the soak (last / first <= {GROWTH_LIMIT})", r, lambda x: x <= GROWTH_LIMIT, f"{r or 0:.3f}", note)
+    r = (soaked["rss_last_mb"] - soaked["rss_start_mb"]) / SOAK_CACHE_RAM_MIB if soaked else None
+    check(f"slots RSS growth over the soak <= --cache-ram ({SOAK_CACHE_RAM_MIB} MiB) + 10 %", r, lambda x: x <= 1.1, f"{r or 0:.2f}x --cache-ram")
+    k = next((c for c in caching if c["server"] == "slots"), None)
+    r = k["cold_ms"] / k["ram_ms"] if k else None
+    check(f"slots prompt cache: a ~{cfg.prefix_tokens}-token prefix from RAM on another slot, first token >= 10x faster than cold", r,
+          lambda x: x >= 10, f"{r or 0:.1f}x")  # fmt: skip
+    r = k["edited_read_share"] if k else None
+    check(f"slots cache reuse: an edited early message in a ~{cfg.chat_tokens}-token chat re-reads <= 15 % of it", r, lambda x: x <= 0.15,
+          f"{100 * (r or 0):.0f} %")  # fmt: skip
+    if (real := next((c for c in caching if c["server"] == "llama-server"), None)) and k:
+        out.append(("prompt cache and cache reuse, llama-server (same requests)",
+                    f"RAM {real['cold_ms'] / real['ram_ms']:.1f}x faster than cold; re-reads {100 * (real['edited_read_share'] or 0):.0f} %", "info"))  # fmt: skip
     nb = at.get((NO_BUDGET, n))
     r = slots.tokens_per_s / nb.tokens_per_s if slots and nb else None
     check(f"slots aggregate tok/s with the step budget >= 0.95x without it ({n} streams)", r, lambda x: x >= 0.95, f"{r or 0:.2f}x")

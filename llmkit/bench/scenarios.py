@@ -3,6 +3,7 @@
     all_levels    n clients at once, one streamed request each, for n in 1, 2, 4, 8 (the raw loop too)
     prefix_reuse  first token behind a new long prefix (cold) vs behind the same prefix again (warm)
     arrivals      a burst of long prompts while streams run: the streams' worst gap, the arrivals' first token
+    kv_cache      a long prefix back from the host-RAM prompt cache on another slot; an edited chat with cache reuse
     soak          many short requests, the server's resident memory sampled as they go
 
 A new scenario is an async function here that takes a ``Server`` (and the
@@ -23,7 +24,7 @@ from tqdm import tqdm
 
 from llmkit.bench.config import RAW, Config
 from llmkit.bench.prompts import TEXTS
-from llmkit.bench.servers import Server, http_client
+from llmkit.bench.servers import OpenAIServer, Server, http_client
 from llmkit.client import StreamResult
 
 if TYPE_CHECKING:
@@ -138,6 +139,34 @@ async def prefix_reuse(server: Server, system: str, cfg: Config) -> dict:
                     cached.append(s.cached_tokens)
     c, w = float(np.median(cold)), float(np.median(warm))
     return {"server": server.name, "cold_ms": c, "warm_ms": w, "speedup": c / w, "cached_tokens": max(cached) if cached else None}
+
+
+# --- the KV cache beyond one slot: the host-RAM prompt cache, cache reuse -------------------------
+
+
+async def kv_cache(server: OpenAIServer, prefix: str, history: list[dict], shortened: list[dict]) -> dict:
+    """On a server with 2 slots and ``--cache-reuse``: first-token times of a long ``prefix`` read cold,
+    again on the same slot, and back from RAM on the other slot (two unrelated prompts took both slots
+    in between); then ``history`` and the same chat with an early message ``shortened``: the share of
+    the prompt read again."""
+    async with http_client(1) as http:
+        async def first_token(system: str, question: str) -> StreamResult:
+            return await server.stream(http, server.request(question, 1, system=system))
+
+        cold = await first_token(prefix, "Which item is on shelf 3?")
+        same_slot = await first_token(prefix, "Which item is on shelf 4?")
+        for other in ("A recipe for bread: flour, water and salt.", "The rules of chess, in one line."):
+            await first_token(other, "Go on.")
+        from_ram = await first_token(prefix, "Which item is on shelf 5?")
+        await server.stream(http, server.chat_request(history, 1))
+        edited = await server.stream(http, server.chat_request(shortened, 1))
+    timings = (edited.final or {}).get("timings") or {}
+    n_prompt = timings.get("cache_n", 0) + timings.get("prompt_n", 0)
+    return {
+        "server": server.name, "cold_ms": ttft(cold) * 1e3, "same_slot_ms": ttft(same_slot) * 1e3, "ram_ms": ttft(from_ram) * 1e3,
+        "ram_cached_tokens": from_ram.cached_tokens, "chat_tokens": n_prompt,
+        "edited_read_share": timings.get("prompt_n", 0) / n_prompt if n_prompt else None,
+    }  # fmt: skip
 
 
 # --- arrivals: a burst of long prompts while streams run ---------------------------------------

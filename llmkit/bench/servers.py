@@ -89,6 +89,10 @@ class OpenAIServer(Server):
             body["cache_prompt"] = False
         return body
 
+    def chat_request(self, messages: list[dict], max_tokens: int) -> dict:
+        """A greedy streamed request for a whole chat."""
+        return {"model": "default", "messages": messages, "stream": True, "max_tokens": max_tokens, "temperature": 0}
+
     async def prefixed(self, http: httpx.AsyncClient, prefix: str, question: str) -> StreamResult:
         return await self.stream(http, self.request(question, 1, system=prefix))
 
