@@ -39,6 +39,7 @@ def build(
             "--config", str(BOOK / lang / "_config.yml"), "--toc", str(BOOK / lang / "_toc.yml"),
             "--path-output", str(out / lang),
         ]  # fmt: skip
+        command.append("--all")  # write every page: a change in book/_ext (templates, labels) reaches them all
         if warnings_are_errors:
             command += ["-W", "--keep-going"]
         print(f"Building the {lang} edition: {' '.join(command)}", flush=True)

@@ -127,6 +127,13 @@ def test_language_title_and_theme_labels(site):
     assert "前へ" in ja_chapter and "次へ" in ja_chapter, "ja theme labels (Previous/Next) are not Japanese"
     assert "この本を検索" in ja_chapter and "Search this book" not in ja_chapter
     assert "Search this book" in en_chapter
+    # tooltips and labels: none left in English on the ja page but two ARIA landmark names that
+    # sphinx-book-theme writes in English in its templates (sidebar "Main", page "Page")
+    def labels(page: str) -> set[str]:
+        body = page[page.find("<body") :]
+        return set(re.findall(r'\b(?:title|aria-label|placeholder|data-bs-title)="([^"]*)"', body))
+
+    assert labels(ja_chapter) & labels(en_chapter) <= {"Main", "Page"}, labels(ja_chapter) & labels(en_chapter)
 
 
 def test_every_page_links_to_the_same_page_in_the_other_language(site):

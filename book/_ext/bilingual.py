@@ -15,16 +15,43 @@ Config (book/<lang>/_config.yml, ``sphinx.config``): ``language`` and ``bilingua
 
 from __future__ import annotations
 
+import gettext
 from pathlib import Path
+
+from sphinx import locale
 
 HERE = Path(__file__).resolve().parent
 
 SEARCH_BAR_TEXT = {"en": "Search this book…", "ja": "この本を検索…"}
 SWITCH_TITLE = {"en": "Read this page in {name}", "ja": "このページを{name}で読む"}
 
+# Theme and Sphinx labels that their own Japanese catalogs leave untranslated (tooltips, the heading link);
+# used only where a catalog has no translation. The two sidebar toggles are templates here
+# (templates/toggle-*-sidebar.html), where the theme has the English text built in.
+MISSING = {
+    "ja": {
+        "Link to this heading": "この見出しへのリンク",
+        "Color mode": "カラーモード",
+        "System Settings": "システム設定",
+        "Light": "ライト",
+        "Dark": "ダーク",
+        "Toggle primary sidebar": "サイドバーの表示を切り替え",
+        "Toggle secondary sidebar": "目次の表示を切り替え",
+    }
+}
+
+
+class _Missing(gettext.NullTranslations):
+    def __init__(self, messages: dict[str, str]):
+        super().__init__()
+        self.messages = messages
+
+    def gettext(self, message):
+        return self.messages.get(message, message)
+
 
 def _config_inited(app, config):
-    config.templates_path.append(str(HERE / "templates"))
+    config.templates_path.insert(0, str(HERE / "templates"))  # before the themes' components: ours override
     config.html_static_path.append(str(HERE / "static"))
     language = config.language or "en"
     options = config.html_theme_options
@@ -33,6 +60,13 @@ def _config_inited(app, config):
     if isinstance(end, str):
         end = [end]
     options["article_header_end"] = ["language-switch.html", *[t for t in end if t != "language-switch.html"]]
+
+
+def _builder_inited(app):
+    messages = MISSING.get(app.config.language or "en")
+    translator = locale.translators.get(("general", "sphinx"))
+    if messages and translator is not None:
+        translator.add_fallback(_Missing(messages))
 
 
 def _page_context(app, pagename, templatename, context, doctree):
@@ -55,6 +89,7 @@ def _page_context(app, pagename, templatename, context, doctree):
 def setup(app):
     app.add_config_value("bilingual_editions", {"en": "English", "ja": "日本語"}, "html")
     app.connect("config-inited", _config_inited)
+    app.connect("builder-inited", _builder_inited)
     app.connect("html-page-context", _page_context)
     app.add_css_file("bilingual.css")
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
