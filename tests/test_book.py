@@ -30,6 +30,9 @@ from urllib.parse import urljoin, urlsplit
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# Building both editions takes about a minute on 2 idle cores; the first test waits for it.
+pytestmark = pytest.mark.timeout(900)
+
 EDITIONS = {"en": "ja", "ja": "en"}  # edition -> the other one
 SCREENSHOTS = ROOT / "book" / "_build" / "screenshots"
 CHAPTER = "03_sse_format"  # the chapter opened in the browser (it has a figure)
@@ -134,6 +137,20 @@ def test_language_title_and_theme_labels(site):
         return set(re.findall(r'\b(?:title|aria-label|placeholder|data-bs-title)="([^"]*)"', body))
 
     assert labels(ja_chapter) & labels(en_chapter) <= {"Main", "Page"}, labels(ja_chapter) & labels(en_chapter)
+
+
+def test_no_line_break_between_japanese_characters(site):
+    """A newline inside a paragraph is drawn as a space: between two Japanese characters it must not be there."""
+    cjk = r"[\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]"
+    paragraphs = 0
+    for notebook in notebooks("ja"):
+        text = (site / "ja" / f"{notebook.stem}.html").read_text(encoding="utf-8")
+        for paragraph in re.findall(r"<p>(.*?)</p>", text, re.S):
+            words = re.sub(r"<[^>]+>", "", paragraph)
+            breaks = re.findall(rf"{cjk}\s*\n\s*{cjk}", words)
+            assert not breaks, f"ja/{notebook.stem}.html: a line break between Japanese characters: {breaks[:3]}"
+            paragraphs += bool(JAPANESE.search(words))
+    assert paragraphs > 50, f"only {paragraphs} Japanese paragraphs found"
 
 
 def test_every_page_links_to_the_same_page_in_the_other_language(site):
