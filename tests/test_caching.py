@@ -152,3 +152,41 @@ def test_idle_slots_are_saved_and_cleared_only_on_a_unified_cache(model, n_paral
         held = engine.slots[first.slot_id].n_past
         assert (held == 0) == engine.kv_unified
         assert any(e.tokens[:10] == engine.model.tokenize(SHARED)[:10] for e in engine.prompt_cache.entries)
+
+
+# --- over HTTP: the slot server's flags, /props, /slots, /metrics ------------------------------
+
+
+def test_the_slot_server_with_llama_servers_cache_flags():
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from llmkit import launch
+
+    flags = ("-c", "512", "-t", "1", "--temp", "0", "--metrics", "--cache-reuse", "32", "--context-shift")
+    with launch.serve("slots", *flags) as server, httpx.Client(base_url=server.url, timeout=120) as http:
+        props = http.get("/props").json()
+        assert props["total_slots"] == 4 and props["kv_unified"] and props["default_generation_settings"]["n_ctx"] == 512
+        assert props["cache_reuse"] == 32 and props["context_shift"] and props["prompt_cache"]["limit_bytes"] == 8192 * MIB
+
+        def complete(prompt: str, **body) -> dict:
+            r = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 4, **body})
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        def hits() -> float:
+            samples = {s.name: s.value for f in text_string_to_metric_families(http.get("/metrics").text) for s in f.samples}
+            return samples["llamacpp:prompt_cache_hits_total"]
+
+        complete(SHARED + " First question:")
+        complete("Something else entirely.")  # on a unified cache, idle slots are copied to RAM and cleared
+        before = hits()
+        again = complete(SHARED + " Second question:")
+        assert again["timings"]["cache_n"] > 200 and hits() == before + 1
+        assert sum(s["n_restored_from_cache"] for s in http.get("/slots").json()) >= 1
+
+        long = complete("Count: one, two, three,", max_tokens=600, ignore_eos=True, n_keep=-1)
+        assert long["usage"]["completion_tokens"] == 600 > 512  # past the slot's context, by context shift
+
+        r = http.post("/v1/completions", json={"prompt": "Hi", "n_keep": -2})
+        assert r.status_code == 400 and "n_keep" in r.text

@@ -130,8 +130,8 @@ class AnyCounts:
 
 
 METRIC_NAMES = [*metrics.COUNTERS, *metrics.gauges(AnyCounts())]  # every name llmkit's /metrics writes
-# the counters metrics.py lists under its "llmkit's own" comment: not llama-server's names
-OWN_METRICS = re.findall(r'"(\w+)":', inspect.getsource(metrics).split("# llmkit's own", 1)[1].split("}", 1)[0])
+# the names metrics.py lists under its "llmkit's own" comments: not llama-server's names
+OWN_METRICS = [name for part in inspect.getsource(metrics).split("# llmkit's own")[1:] for name in re.findall(r'"(\w+)":', part.split("}", 1)[0])]
 
 
 def metrics_view(text: str) -> dict:
@@ -232,6 +232,11 @@ INTENDED: list[tuple[tuple[str, ...], str, str]] = [
      "llmkit adds OpenAI's legacy text-completion lists (tokens, token_logprobs, top_logprobs) beside llama-server's content"),
     (NATIVE_ROWS, '*generation_settings.*: ours "absent"',
      "generation_settings lists the sampling settings llmkit has; llama-server's task_params::to_json adds dry, xtc, mirostat, ..."),
+    (("chat", "chat stream", "chat stream usage", "chat logprobs", "chat stream logprobs", "chat cached", "chat without /v1", "chat eos",
+      "completions", "completions stream", "completions logprobs", "completion", "completion n_probs", "completion stream",
+      "completion stream n_probs", "completions without /v1", "response_format json_schema", "json_schema", "grammar"),
+     '*timings.n_cache_reuse: ours "number", theirs "absent"',
+     "llmkit's timings also say how many of cache_n were moved into place by --cache-reuse (llama-server counts them in cache_n only)"),
     (("v1/models", "models"), 'body.models: ours "absent"', "llama-server adds an Ollama-style model list; llmkit answers OpenAI's list only"),
     (("v1/models", "models"), 'body.data[0].*: ours "absent"',
      "llama-server's model object adds aliases, tags, meta.vocab_type and meta.ftype; llmkit's meta has the sizes only"),

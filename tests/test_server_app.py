@@ -51,6 +51,7 @@ class FakeEngine:
     def __init__(self, script: Callable[[Request], None] = lambda r: r.finish("stop")):
         self.model = FakeModel()
         self.slots, self.n_ctx_slot, self.step_tokens = [], 64, 0
+        self.kv_unified, self.prompt_cache, self.cache_reuse, self.context_shift = False, None, 0, False
         self.counters, self.n_busy, self.n_waiting = Counters(), 0, 0
         self.script = script
         self.closed = False

@@ -83,6 +83,8 @@ async def generate(
             cache_prompt=body.cache_prompt,
             id_slot=None if body.id_slot < 0 else body.id_slot,
             n_probs=0 if n_top is None else max(n_top, 1),  # the engine computes logprobs only when n_probs > 0
+            n_keep=body.n_keep,
+            n_cache_reuse=body.n_cache_reuse,
         )
     except ContextSizeError as exc:
         raise ApiError.context_size(exc) from None

@@ -67,6 +67,11 @@ async def props(state: State) -> dict:
         "chat_template": engine.model.meta("tokenizer.chat_template") or "",
         "build_info": SYSTEM_FINGERPRINT,
         "step_tokens": engine.step_tokens,  # llmkit's own: the per-step token budget (0: none, as llama-server)
+        # the KV cache's settings (llmkit's own keys, llama-server's flag names)
+        "kv_unified": engine.kv_unified,
+        "cache_reuse": engine.cache_reuse,
+        "context_shift": engine.context_shift,
+        "prompt_cache": engine.prompt_cache.to_dict() if engine.prompt_cache is not None else None,
     }
 
 

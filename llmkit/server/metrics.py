@@ -43,6 +43,7 @@ def gauges(engine: Engine) -> dict[str, tuple[str, float]]:
     def rate(n: float, seconds: float) -> float:
         return n / seconds if seconds else 0.0
 
+    cache = engine.prompt_cache.to_dict() if engine.prompt_cache else {}
     return {  # name -> (help text, value)
         "prompt_tokens_seconds": ("Average prompt throughput in tokens/s", rate(c.prompt_tokens_total, c.prompt_seconds_total)),
         "predicted_tokens_seconds": (
@@ -55,7 +56,17 @@ def gauges(engine: Engine) -> dict[str, tuple[str, float]]:
             "Average number of busy slots per llama_decode() call",
             c.n_busy_slots_total / max(c.n_decode_total, 1),
         ),
+        # llmkit's own: the host-RAM prompt cache (--cache-ram)
+        "prompt_cache_bytes": ("Bytes held by the prompt cache", cache.get("bytes", 0)),
+        "prompt_cache_prompts": ("Prompts held by the prompt cache", cache.get("n_prompts", 0)),
     }
+
+
+PROMPT_CACHE_COUNTERS = {  # the host-RAM prompt cache's totals (--cache-ram), as prompt_cache_<name>_total: not in llama-server
+    "hits": "Prompts restored from the prompt cache into a slot",
+    "misses": "Prompt cache lookups that found nothing better than what the slot held",
+    "evictions": "Prompts evicted from the prompt cache to stay within --cache-ram",
+}
 
 
 class EngineCollector:
@@ -71,6 +82,9 @@ class EngineCollector:
             yield CounterMetricFamily(PREFIX + name, help_text, value=totals[name])
         for name, (help_text, value) in gauges(engine).items():
             yield GaugeMetricFamily(PREFIX + name, help_text, value=value)
+        cache = engine.prompt_cache.to_dict() if engine.prompt_cache is not None else {}
+        for name, help_text in PROMPT_CACHE_COUNTERS.items():
+            yield CounterMetricFamily(f"{PREFIX}prompt_cache_{name}_total", help_text, value=cache.get(name, 0))
 
 
 def registry(get_engine: Callable[[], Engine]) -> CollectorRegistry:

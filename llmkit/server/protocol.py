@@ -90,6 +90,8 @@ class GenerationRequest(ApiModel):
     id_slot: Annotated[int, Field(ge=-1)] = -1
     ignore_eos: bool = False
     n_probs: Annotated[int, Field(ge=0, le=20)] = 0
+    n_keep: Annotated[int, Field(ge=-1)] = 0  # context shift keeps this many prompt tokens (-1: all)
+    n_cache_reuse: Annotated[int, Field(ge=0)] | None = None  # None: the server's --cache-reuse
     grammar: str | None = None
     json_schema: dict | None = None
 

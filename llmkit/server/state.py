@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 import llmkit
 from llmkit.engine import Request as EngineRequest
 from llmkit.engine.engine import Counters
+from llmkit.engine.prompt_cache import PromptCache
 from llmkit.engine.slot import Slot
 from llmkit.llama import Model, SamplingParams
 from llmkit.server import metrics
@@ -64,6 +65,14 @@ class ServingEngine(Protocol):
     @property
     def step_tokens(self) -> int: ...
     @property
+    def kv_unified(self) -> bool: ...
+    @property
+    def prompt_cache(self) -> PromptCache | None: ...
+    @property
+    def cache_reuse(self) -> int: ...
+    @property
+    def context_shift(self) -> bool: ...
+    @property
     def counters(self) -> Counters: ...
     @property
     def n_busy(self) -> int: ...
@@ -71,8 +80,9 @@ class ServingEngine(Protocol):
     def n_waiting(self) -> int: ...
 
     def submit(
-        self, prompt: list[int], params: SamplingParams, *, cache_prompt: bool = True, id_slot: int | None = None, n_probs: int = 0
-    ) -> EngineRequest: ...
+        self, prompt: list[int], params: SamplingParams, *, cache_prompt: bool = True, id_slot: int | None = None, n_probs: int = 0,
+        n_keep: int = 0, n_cache_reuse: int | None = None,
+    ) -> EngineRequest: ...  # fmt: skip
 
     def close(self) -> None: ...
 
