@@ -400,8 +400,8 @@ def test_search_finds_the_chapter_in_its_language(browser, server, lang):
     from selenium.webdriver.support.ui import WebDriverWait
 
     title = chapter_title(SOURCE["notebooks"] / lang / f"{CHAPTER}.ipynb")
-    pattern = r"[\u30a0-\u30ff\u4e00-\u9fff]+" if lang == "ja" else r"[A-Za-z]{4,}"
-    word = max(re.findall(pattern, title), key=len)
+    words = re.findall(r"[\u30a0-\u30ff\u4e00-\u9fff]{2,}", title) if lang == "ja" else []
+    word = max(words or re.findall(r"[A-Za-z]{3,}", title), key=len)  # a Japanese word where the title has one
     open_page(browser, urljoin(server, f"{lang}/search.html?q={word}"))
     WebDriverWait(browser, TIMEOUT).until(
         lambda d: d.find_elements(By.CSS_SELECTOR, "#search-results ul.search li a"),
