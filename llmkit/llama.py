@@ -19,6 +19,7 @@ import ctypes
 import functools
 import logging
 import os
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -214,7 +215,6 @@ class Context:
         self.n_ctx = lc.llama_n_ctx(handle)
         self.n_ctx_seq = lc.llama_n_ctx_seq(handle)
         self.n_batch = lc.llama_n_batch(handle)
-        self.n_seq_max = n_seq_max
         self.memory = lc.llama_get_memory(handle)
 
     def decode(self, batch: Batch) -> None:
@@ -253,10 +253,6 @@ class Context:
         """Replace sequence ``seq_id``'s cells with a copy made by ``seq_state`` (of any sequence)."""
         buffer = (ctypes.c_uint8 * len(data)).from_buffer(data)
         return lc.llama_state_seq_set_data(self.handle, buffer, len(data), seq_id) == len(data)
-
-    def seq_pos_max(self, seq_id: int) -> int:
-        """Highest position cached for the sequence, -1 if empty."""
-        return lc.llama_memory_seq_pos_max(self.memory, seq_id)
 
     def logits(self, i: int) -> ctypes.Array:
         """Logits of the i-th output of the last decode, as a ctypes float array."""
@@ -328,10 +324,83 @@ class SamplingParams:
     max_tokens: int = -1  # -1: until end of generation or the context is full
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
-    grammar: str | None = None  # GBNF text; root rule "root"
+    grammar: str | None = None  # GBNF text (root rule "root"), or a Grammar: parsed and checked once (grammar.compile)
 
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp: pick a random seed
+
+
+class GrammarSampler:
+    """llama.cpp's grammar sampler over one model's vocabulary (llama_sampler_init_grammar).
+
+    The only code that masks the vocabulary: ``allows`` asks about one token,
+    ``masked`` sets every token the grammar does not allow here to -inf, ``accept``
+    moves the grammar on by one token. llama.cpp aborts the process when a grammar
+    accepts a token it does not allow, so callers ask first (``Sampler.sample`` does).
+    """
+
+    def __init__(self, model: Model, gbnf: str):
+        self._own(model, lc.llama_sampler_init_grammar(model.vocab, gbnf.encode(), b"root"))
+
+    def _own(self, model: Model, handle: ctypes.c_void_p | None) -> None:
+        if not handle:
+            raise ValueError("the grammar does not parse (GBNF)")
+        self.model, self.handle = model, handle
+        self.close = weakref.finalize(self, lc.llama_sampler_free, handle)  # close() frees it, or the collector does
+        self._data: ctypes.Array | None = None  # the whole vocabulary as candidates (allocated on first use)
+        self._one = (lc.llama_token_data * 1)()
+
+    def clone(self) -> GrammarSampler:
+        """A grammar sampler in this one's state, its own to move on (llama_sampler_clone: no second parse)."""
+        twin = GrammarSampler.__new__(GrammarSampler)
+        twin._own(self.model, lc.llama_sampler_clone(self.handle))
+        return twin
+
+    def allows(self, token: int) -> bool:
+        one = self._one
+        one[0].id, one[0].logit, one[0].p = token, 1.0, 0.0
+        lc.llama_sampler_apply(self.handle, ctypes.byref(lc.llama_token_data_array(one, 1, -1, False)))
+        return one[0].logit != float("-inf")
+
+    def candidates(self, logits: np.ndarray) -> lc.llama_token_data_array:
+        """Every token of the vocabulary with its logit, as llama.cpp's samplers take them (one buffer, refilled)."""
+        if self._data is None:
+            self._data = (lc.llama_token_data * self.model.n_vocab)()
+            self._view = np.ctypeslib.as_array(self._data)
+            self._view["id"] = np.arange(self.model.n_vocab, dtype=np.int32)
+        self._view["logit"], self._view["p"] = logits, 0.0
+        return lc.llama_token_data_array(self._data, self.model.n_vocab, -1, False)
+
+    def masked(self, logits: np.ndarray) -> lc.llama_token_data_array:
+        """The candidates with every token the grammar does not allow here at -inf."""
+        cur = self.candidates(logits)
+        lc.llama_sampler_apply(self.handle, ctypes.byref(cur))
+        if not np.isfinite(self._view["logit"]).any():
+            raise ValueError("the grammar allows no token here")
+        return cur
+
+    def accept(self, token: int) -> None:
+        lc.llama_sampler_accept(self.handle, token)
+
+
+class Grammar(str):
+    """GBNF text parsed once for one model: each request's ``Sampler`` clones ``sampler``
+    instead of parsing the text again. It stays its text (llama-server reports the
+    grammar in ``generation_settings``). ``llmkit.engine.grammar.compile`` makes them,
+    after the checks that keep llama.cpp from hanging or crashing on it."""
+
+    sampler: GrammarSampler
+
+    def __new__(cls, text: str, model: Model) -> Grammar:
+        self = super().__new__(cls, text)
+        self.sampler = GrammarSampler(model, text)
+        return self
+
+    def __copy__(self) -> Grammar:
+        return self  # immutable; its llama.cpp handle is not copied
+
+    def __deepcopy__(self, memo: dict) -> Grammar:
+        return self
 
 
 class Sampler:
@@ -344,7 +413,8 @@ class Sampler:
     The grammar sampler stays out of the chain, as in common_sampler: llama.cpp
     aborts the process when a grammar accepts a token it does not allow (which
     ``llama_sampler_sample`` does when the grammar leaves no token at all), so
-    ``sample`` checks the token before the grammar accepts it.
+    ``sample`` checks the token before the grammar accepts it. A ``Grammar`` is
+    cloned (parsed and checked before the request was queued); GBNF text is parsed here.
     """
 
     live = 0  # chains not yet freed, across the process (tests count them to catch leaks)
@@ -352,16 +422,12 @@ class Sampler:
     def __init__(self, model: Model, params: SamplingParams):
         self.handle = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
         Sampler.live += 1
-        self.grammar = None
+        self.grammar: GrammarSampler | None = None
         try:
-            if params.grammar is not None:
-                self.grammar = lc.llama_sampler_init_grammar(model.vocab, params.grammar.encode(), b"root")
-                if not self.grammar:
-                    raise ValueError("the grammar does not parse (GBNF)")
-                self._data = (lc.llama_token_data * model.n_vocab)()  # candidates, refilled at each step
-                self._view = np.ctypeslib.as_array(self._data)
-                self._ids = np.arange(model.n_vocab, dtype=np.int32)
-                self._one = (lc.llama_token_data * 1)()
+            if isinstance(params.grammar, Grammar) and params.grammar.sampler.model is model:
+                self.grammar = params.grammar.sampler.clone()
+            elif params.grammar is not None:
+                self.grammar = GrammarSampler(model, params.grammar)
             for sampler in self._stages(model, params):
                 if not sampler:
                     raise ValueError("llama.cpp could not build a sampler stage")
@@ -392,29 +458,20 @@ class Sampler:
 
     def sample(self, ctx: Context, i: int) -> int:
         """Pick a token from the logits of batch output ``i`` and accept it into the chain."""
-        if self.grammar is None:
+        grammar = self.grammar
+        if grammar is None:
             return lc.llama_sampler_sample(self.handle, ctx.handle, i)
         # common_sampler_sample: sample as if unconstrained and keep the token if the grammar
         # allows it (one token to check, not the whole vocabulary); else mask, sample again.
         logits = np.ctypeslib.as_array(ctx.logits(i))
-        token = self._apply(logits, grammar_first=False)
-        one = self._one
-        one[0].id, one[0].logit, one[0].p = token, 1.0, 0.0
-        lc.llama_sampler_apply(self.grammar, ctypes.byref(lc.llama_token_data_array(one, 1, -1, False)))
-        if one[0].logit == float("-inf"):
-            token = self._apply(logits, grammar_first=True)
-        lc.llama_sampler_accept(self.grammar, token)
+        token = self._pick(grammar.candidates(logits))
+        if not grammar.allows(token):
+            token = self._pick(grammar.masked(logits))
+        grammar.accept(token)
         lc.llama_sampler_accept(self.handle, token)
         return token
 
-    def _apply(self, logits: np.ndarray, *, grammar_first: bool) -> int:
-        view = self._view
-        view["id"], view["logit"], view["p"] = self._ids, logits, 0.0
-        cur = lc.llama_token_data_array(self._data, len(view), -1, False)
-        if grammar_first:
-            lc.llama_sampler_apply(self.grammar, ctypes.byref(cur))
-            if not np.isfinite(view["logit"]).any():
-                raise ValueError("the grammar allows no token here")
+    def _pick(self, cur: lc.llama_token_data_array) -> int:
         lc.llama_sampler_apply(self.handle, ctypes.byref(cur))
         if not 0 <= cur.selected < cur.size or cur.data[cur.selected].logit == float("-inf"):
             raise ValueError("no token is left to sample: the grammar and the sampling settings exclude them all")
@@ -422,7 +479,7 @@ class Sampler:
 
     def close(self) -> None:
         if self.grammar:
-            lc.llama_sampler_free(self.grammar)
+            self.grammar.close()
             self.grammar = None
         if self.handle:
             lc.llama_sampler_free(self.handle)

@@ -15,8 +15,8 @@ method with its C++ and says what differs):
   prompt-cache update, ``Slot.start`` ~ ``launch_slot_with_task``);
 - ``step`` ~ ``update_slots``: build ONE batch from every busy slot
   (``scheduler.build_batch`` ~ the batch building of ``pre_decode``), decode
-  it, then ``process_token`` for each slot that asked for logits (~
-  ``post_decode`` + ``process_token``), which ``deliver``s text or
+  it, then for each slot that asked for logits ``sample`` (~ ``post_decode``)
+  and ``process_token`` (~ ``process_token``), which ``deliver``s text or
   ``finish``es the request.
 
 Requests join and leave between steps: that is continuous batching.
@@ -37,9 +37,9 @@ from llmkit import models
 from llmkit.engine.request import (
     ContextSizeError,
     EngineError,
-    Piece,
     Request,
     Status,
+    Timings,
     TokenLogprob,
 )
 from llmkit.engine.prompt_cache import PromptCache
@@ -77,6 +77,18 @@ class Counters:
 
     def snapshot(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def record_finish(self, t: Timings, *, ok: bool) -> None:
+        """A request left its slot: add its timings (llama-server: metrics_on_prediction)."""
+        self.prompt_tokens_total += t.prompt_n
+        self.prompt_seconds_total += t.prompt_ms / 1e3
+        self.prompt_tokens_cached_total += t.cache_n
+        self.tokens_predicted_total += t.predicted_n
+        self.tokens_predicted_seconds_total += t.predicted_ms / 1e3
+        self.requests_finished_total += ok
+
+    def record_failure(self) -> None:
+        self.requests_failed_total += 1
 
     def record_step(self, step: StepRecord) -> None:
         self.n_decode_total += 1
@@ -295,27 +307,33 @@ class Engine:
         return None
 
     def step(self) -> None:
-        """One iteration: drop cancelled requests, build one batch, decode it, sample each slot."""
+        """One iteration: prepare the slots, build one batch, decode it, sample each slot that asked."""
         t0 = time.perf_counter()
+        self.prepare_slots()
+        in_batch = build_batch(self.slots, self.batch, self.step_tokens)
+        n_generated = sum(slot.is_generating for slot in in_batch)
+        t_decode = time.perf_counter()
+        if not in_batch or not self.decode(in_batch):
+            return
+        t_sample = time.perf_counter()
+        for slot in in_batch:
+            if slot.i_batch >= 0 and (sampled := self.sample(slot)) is not None:
+                self.process_token(slot, *sampled)
+        n_prompt = self.batch.n_tokens - n_generated
+        self.record(StepRecord(t0, time.perf_counter() - t0, t_sample - t_decode, n_prompt, n_generated, len(in_batch)))
+
+    def prepare_slots(self) -> None:
+        """Before the batch: cancelled requests leave their slots; a full slot shifts its context
+        (the start of llama-server's pre_decode)."""
         for slot in self.slots:
             if slot.request is not None and slot.request.cancelled:
                 self.finish(slot, "cancelled")
             elif self.context_shift and slot.is_generating and slot.n_past >= slot.n_ctx:
                 slot.shift_context(self.ctx, self.model.add_bos)
-        in_batch = build_batch(self.slots, self.batch, self.step_tokens)
-        if not in_batch:
-            return
-        n_generated = sum(slot.is_generating for slot in in_batch)
-        t_decode = time.perf_counter()
-        if not self.decode(in_batch):
-            return
-        t_sample = time.perf_counter()
-        for slot in in_batch:
-            if slot.i_batch >= 0:
-                self.process_token(slot)
-        record = StepRecord(t0, time.perf_counter() - t0, t_sample - t_decode, self.batch.n_tokens - n_generated, n_generated, len(in_batch))
-        self.counters.record_step(record)
-        self.steps.append(record)
+
+    def record(self, step: StepRecord) -> None:
+        self.counters.record_step(step)
+        self.steps.append(step)
 
     def decode(self, in_batch: list[Slot]) -> bool:
         """``llama_decode`` the batch; when the KV cache is full, clear idle slots one by one and retry
@@ -344,19 +362,22 @@ class Engine:
                 return True
         return False
 
-    def process_token(self, slot: Slot) -> None:
-        """Sample one token for ``slot`` and deliver it (llama-server: process_token)."""
-        request, params = slot.request, slot.request.params
+    def sample(self, slot: Slot) -> tuple[int, TokenLogprob | None] | None:
+        """A token for ``slot`` from its logits in this batch (llama-server: post_decode's
+        common_sampler_sample), with its logprobs if asked; None if sampling failed the request."""
         try:
-            token = slot.sampler.sample(self.ctx, slot.i_batch)
-            logprobs = self._logprobs(slot.i_batch, token, request.n_probs) if request.n_probs else None
+            token = slot.tools.sampler.sample(self.ctx, slot.i_batch)
+            n_probs = slot.request.n_probs
+            return token, self._logprobs(slot.i_batch, token, n_probs) if n_probs else None
         except Exception as exc:
             self.finish(slot, None, EngineError(f"sampling failed: {exc}"))
-            return
-        if request.status is Status.PROMPT:  # first token: the prompt phase ends here
-            request.status = Status.GENERATING
-            request.t_first = time.perf_counter()
-            request.timings.prompt_ms = (request.t_first - request.t_start) * 1e3
+            return None
+
+    def process_token(self, slot: Slot, token: int, logprobs: TokenLogprob | None) -> None:
+        """Check a sampled token, then deliver it or finish the request (llama-server: process_token)."""
+        request, params = slot.request, slot.request.params
+        if request.status is Status.PROMPT:
+            request.first_token()
         if params.max_tokens == 0:  # prompt only (llama-server's n_predict = 0)
             self.finish(slot, "length", stop_type="limit")
             return
@@ -365,12 +386,9 @@ class Engine:
             return
         request.output.append(token)
         slot.last_token = token
-        slot.pending_tokens.append(token)
-        if logprobs is not None:
-            slot.pending_logprobs.append(logprobs)
-        self.deliver(slot, slot.stops.push(slot.detok.push(token)))
-        if slot.stops.stopped:
-            request.stopping_word = slot.stops.word
+        self.deliver(slot, slot.tools.push(token, logprobs))
+        if slot.tools.stops.stopped:
+            request.stopping_word = slot.tools.stops.word
             self.finish(slot, "stop", stop_type="word")
         elif len(request.output) == params.max_tokens or (slot.n_past >= slot.n_ctx and not self.context_shift):
             request.truncated |= slot.n_past >= slot.n_ctx
@@ -379,37 +397,25 @@ class Engine:
     def deliver(self, slot: Slot, text: str) -> None:
         """Send text with the tokens (and logprobs) it came from; held-back tokens wait for their text."""
         if text:
-            slot.request.emit(Piece(text, slot.pending_tokens, slot.pending_logprobs))
-            slot.pending_tokens, slot.pending_logprobs = [], []
+            slot.request.emit(slot.tools.take(text))
 
     def finish(self, slot: Slot, reason: str | None, error: BaseException | None = None, *, keep_cache: bool = True, stop_type: str = "none") -> None:
-        """End the slot's request: flush held-back text, record timings, free the slot."""
+        """End the slot's request: flush held-back text, close its timings, free the slot."""
         request = slot.request
         request.stop_type, request.n_cached = stop_type, slot.n_past
-        if error is None and reason != "cancelled" and not slot.stops.stopped:
-            self.deliver(slot, slot.stops.push(slot.detok.flush()) + slot.stops.flush())
-        now = time.perf_counter()
-        t = request.timings
-        t.predicted_n = len(request.output)
-        t.predicted_ms = (now - request.t_first) * 1e3 if request.t_first else 0.0
-        if not request.t_first:
-            t.prompt_ms = (now - request.t_start) * 1e3
-        c = self.counters
-        c.prompt_tokens_total += t.prompt_n
-        c.prompt_seconds_total += t.prompt_ms / 1e3
-        c.prompt_tokens_cached_total += t.cache_n
-        c.tokens_predicted_total += t.predicted_n
-        c.tokens_predicted_seconds_total += t.predicted_ms / 1e3
+        if error is None and reason != "cancelled" and not slot.tools.stops.stopped:
+            self.deliver(slot, slot.tools.flush())
+        request.end_timings()
+        self.counters.record_finish(request.timings, ok=error is None)
         slot.release(self.ctx, keep_cache=keep_cache and error is None)
         if error is not None:
             self._fail(request, error)
         else:
-            c.requests_finished_total += 1
             request.finish(reason)
 
     def _fail(self, request: Request, error: BaseException) -> None:
         log.warning("request %d failed: %s", request.id, error)
-        self.counters.requests_failed_total += 1
+        self.counters.record_failure()
         request.finish(None, error)
 
     def _fail_busy(self, error: BaseException) -> None:

@@ -144,6 +144,26 @@ class Request:
         self._wake: asyncio.Event | None = None
 
     # --- engine side -------------------------------------------------------
+    # The request writes its own status and timings; the engine calls these at each phase.
+
+    def start(self, slot_id: int, n_cached: int, n_moved: int) -> None:
+        """It got a slot that holds its first ``n_cached`` tokens (``n_moved`` of them moved into place)."""
+        self.slot_id, self.status, self.t_start = slot_id, Status.PROMPT, time.perf_counter()
+        self.timings.cache_n, self.timings.n_cache_reuse = n_cached, n_moved
+        self.timings.prompt_n = len(self.prompt) - n_cached
+
+    def first_token(self) -> None:
+        """Its first token was sampled: the prompt phase ends here."""
+        self.status, self.t_first = Status.GENERATING, time.perf_counter()
+        self.timings.prompt_ms = (self.t_first - self.t_start) * 1e3
+
+    def end_timings(self) -> None:
+        """It leaves its slot: the generation phase ends here."""
+        now = time.perf_counter()
+        self.timings.predicted_n = len(self.output)
+        self.timings.predicted_ms = (now - self.t_first) * 1e3 if self.t_first else 0.0
+        if not self.t_first:
+            self.timings.prompt_ms = (now - self.t_start) * 1e3
 
     def emit(self, piece: Piece) -> None:
         self.text_parts.append(piece.text)
@@ -226,10 +246,5 @@ class Request:
     def result(self) -> str:
         """Block until done; the whole text (raises the engine's error, if any)."""
         for _ in self:
-            pass
-        return self.text
-
-    async def aresult(self) -> str:
-        async for _ in self:
             pass
         return self.text

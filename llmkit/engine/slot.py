@@ -8,10 +8,10 @@ position; they outlive the request, which is what prefix reuse reads.
 from __future__ import annotations
 
 import time
-
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from llmkit.engine.request import Request, Status
+from llmkit.engine.request import Piece, Request, Status, TokenLogprob
 from llmkit.llama import Context, Model, Sampler
 from llmkit.text import Detokenizer, StopMatcher
 
@@ -28,20 +28,44 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
+@dataclass
+class Tools:
+    """What a slot needs while a request runs: built by ``Slot.start``, dropped by ``Slot.release``."""
+
+    sampler: Sampler
+    detok: Detokenizer
+    stops: StopMatcher
+    pending_tokens: list[int] = field(default_factory=list)  # sampled, text still held back (half a character, maybe a stop string)
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    def push(self, token: int, logprobs: TokenLogprob | None) -> str:
+        """Take a sampled token; return the text now ready (whole characters, no part of a stop string)."""
+        self.pending_tokens.append(token)
+        if logprobs is not None:
+            self.pending_logprobs.append(logprobs)
+        return self.stops.push(self.detok.push(token))
+
+    def flush(self) -> str:
+        """The text still held back, at the end of the request."""
+        return self.stops.push(self.detok.flush()) + self.stops.flush()
+
+    def take(self, text: str) -> Piece:
+        """``text`` with the tokens (and logprobs) it came from; they are no longer pending."""
+        piece = Piece(text, self.pending_tokens, self.pending_logprobs)
+        self.pending_tokens, self.pending_logprobs = [], []
+        return piece
+
+
 class Slot:
     def __init__(self, slot_id: int, n_ctx: int):
         self.id = slot_id
         self.n_ctx = n_ctx  # this slot's share of the context
         self.cache_tokens: list[int] = []
         self.request: Request | None = None
-        self.sampler: Sampler | None = None
-        self.detok: Detokenizer | None = None
-        self.stops: StopMatcher | None = None
+        self.tools: Tools | None = None  # while a request runs
         self.n_prompt_done = 0  # prompt tokens already in the KV cache or in this step's batch
         self.last_token = -1  # sampled, not yet decoded
         self.i_batch = -1  # where this slot's logits are in the current batch (-1: none)
-        self.pending_tokens: list[int] = []  # sampled, text still held back (half a character, maybe a stop string)
-        self.pending_logprobs: list = []
         self.t_last_used = 0.0
         self.n_restored = 0  # prompts brought back into this slot from the prompt cache
 
@@ -80,19 +104,10 @@ class Slot:
             ctx.seq_rm(self.id, 0, -1)
         del self.cache_tokens[n_keep:]
 
-        self.sampler = Sampler(model, request.params)  # may raise: the caller fails the request alone
-        self.detok = Detokenizer(model.token_to_piece)
-        self.stops = StopMatcher(request.params.stop)
-        self.request = request
-        self.n_prompt_done = n_keep
-        self.i_batch = -1
-        self.pending_tokens, self.pending_logprobs = [], []
-        request.slot_id = self.id
-        request.status = Status.PROMPT
-        request.timings.cache_n = n_keep
-        request.timings.n_cache_reuse = min(n_moved, n_keep)
-        request.timings.prompt_n = len(prompt) - n_keep
-        request.t_start = time.perf_counter()
+        sampler = Sampler(model, request.params)  # may raise: the caller fails the request alone
+        self.tools = Tools(sampler, Detokenizer(model.token_to_piece), StopMatcher(request.params.stop))
+        self.request, self.n_prompt_done, self.i_batch = request, n_keep, -1
+        request.start(self.id, n_cached=n_keep, n_moved=min(n_moved, n_keep))
 
     def reuse_chunks(self, ctx: Context, prompt: list[int], n_past: int, min_chunk: int) -> int:
         """After the common prefix, move cached chunks that the prompt repeats into their new places.
@@ -151,10 +166,9 @@ class Slot:
 
     def release(self, ctx: Context, *, keep_cache: bool = True) -> None:
         """Free the slot. The KV cache stays for the next request unless ``keep_cache`` is False."""
-        if self.sampler is not None:
-            self.sampler.close()
-        self.sampler = self.detok = self.stops = None
-        self.request = None
+        if self.tools is not None:
+            self.tools.sampler.close()
+        self.tools = self.request = None
         self.i_batch = -1
         self.t_last_used = time.perf_counter()
         if not keep_cache:

@@ -73,7 +73,7 @@ MAP: tuple[Counterpart, ...] = (
                 "one llama_decode per step; llama-server splits a batch larger than n_batch and retries smaller ones"),
     Counterpart("llmkit.engine.scheduler.build_batch", "server_context_impl::pre_decode", CONTEXT,
                 "the batch building only; pre_decode also shifts context (Slot.shift_context), saves checkpoints, drafts"),
-    Counterpart("llmkit.engine.engine.Engine.process_token", "server_context_impl::post_decode", CONTEXT,
+    Counterpart("llmkit.engine.engine.Engine.sample", "server_context_impl::post_decode", CONTEXT,
                 "sampling each slot that asked for logits; no speculative drafts to verify"),
     Counterpart("llmkit.engine.engine.Engine.process_token", "server_context_impl::process_token", CONTEXT,
                 "the same checks (end of generation, stop strings, budget, context end) in one place"),
