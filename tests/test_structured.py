@@ -12,8 +12,10 @@ refused or served in bounded time.
 from __future__ import annotations
 
 import json
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
 from typing import Literal
 
 import httpx
@@ -24,6 +26,8 @@ from pydantic import BaseModel, Field
 
 from llmkit import launch
 from llmkit.engine import grammar
+from llmkit.llama import Grammar, GrammarSampler, Sampler, SamplingParams
+from llmkit.server.protocol import ChatCompletionRequest, constraint_of
 
 MAX_TOKENS = 256
 SEEDS = (1, 2)  # sampled runs at temperature 0.8, besides the greedy one
@@ -467,10 +471,10 @@ def test_a_grammar_with_no_way_out_mid_answer_fails_that_request_alone(server):
 
 
 def test_conversion_is_cached_per_schema_text():
-    grammar._convert.cache_clear()
+    grammar.convert._convert.cache_clear()
     first = grammar.grammar_from_schema(PERSON)
     assert grammar.grammar_from_schema(json.loads(json.dumps(PERSON))) is first  # same text, same grammar object
-    assert grammar._convert.cache_info().hits == 1
+    assert grammar.convert._convert.cache_info().hits == 1
     reordered = {"type": "object", "properties": dict(reversed(PERSON["properties"].items())), "required": ["name", "age"]}
     assert grammar.grammar_from_schema(reordered) != first  # property order is the output's order: another key
 
@@ -503,22 +507,151 @@ def test_integer_ranges_match_exactly(model, lo, hi):
 
 def accepts(model, gbnf: str, text: str) -> bool:
     """Does the grammar take ``text`` whole (one character per token), then allow the end?"""
-    import llama_cpp as lc
-
-    sampler = lc.llama_sampler_init_grammar(model.vocab, gbnf.encode(), b"root")
-    assert sampler
-
-    def allowed(token: int) -> bool:
-        one = (lc.llama_token_data * 1)(lc.llama_token_data(token, 1.0, 0.0))
-        lc.llama_sampler_apply(sampler, lc.llama_token_data_array(one, 1, -1, False))
-        return one[0].logit != float("-inf")
-
+    sampler = GrammarSampler(model, gbnf)
     try:
         for ch in text:
             (token,) = model.tokenize(ch, add_special=False)
-            if not allowed(token):
+            if not sampler.allows(token):
                 return False
-            lc.llama_sampler_accept(sampler, token)
-        return allowed(lc.llama_vocab_eos(model.vocab))
+            sampler.accept(token)
+        return sampler.allows(model.eog_tokens[0])
     finally:
-        lc.llama_sampler_free(sampler)
+        sampler.close()
+
+
+# --- number ranges (llama.cpp enforces none; llmkit builds them into the grammar) ----------
+
+NUMBER = re.compile(r"-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?")  # JSON without an exponent, as the grammar writes
+
+
+def near(*bounds: float) -> set[str]:
+    """Decimal texts around the bounds and 0: each side, on it, with trailing zeros, malformed ones."""
+    texts = {str(i) for i in range(-12, 13)} | {"-0", "-0.0", "0.0", "00", "01.5", "1.", ".5", "1e1", "-"}
+    for b in map(Decimal, map(repr, bounds)):
+        for d in ("0", "0.0001", "0.001", "0.01", "0.1", "0.5", "1", "2.5"):
+            texts |= {format(b - Decimal(d), "f"), format(b + Decimal(d), "f")}
+        plain = format(b, "f")
+        texts |= {plain + ("0" if "." in plain else ".0"), plain + ("00" if "." in plain else ".00")}
+    return texts
+
+
+@pytest.mark.parametrize(
+    "bounds",
+    [{"maximum": 10}, {"minimum": 0, "maximum": 1}, {"exclusiveMinimum": 0, "exclusiveMaximum": 1},
+     {"minimum": 0.5, "exclusiveMaximum": 2.25}, {"minimum": -1.5, "maximum": -0.25}, {"minimum": -3.75},
+     {"exclusiveMaximum": -2}, {"minimum": -2, "exclusiveMaximum": 0}, {"minimum": 0.125, "maximum": 0.125},
+     {"minimum": 99.99, "maximum": 100.01}, {"exclusiveMinimum": -0.5, "exclusiveMaximum": 0.5},
+     {"minimum": -1e20, "maximum": 1e20}, {"minimum": 5, "exclusiveMinimum": 5}, {"maximum": 3, "exclusiveMaximum": 3.5}],
+)  # fmt: skip
+def test_number_ranges_match_exactly(model, bounds):
+    """llama.cpp's grammar engine takes exactly the plain decimals in the range ("-0" is written "0")."""
+    gbnf = grammar.grammar_from_schema({"type": "number", **bounds})
+    lows = [(Decimal(repr(v)), k.startswith("exclusive")) for k, v in bounds.items() if k.endswith("inimum")]
+    highs = [(Decimal(repr(v)), k.startswith("exclusive")) for k, v in bounds.items() if k.endswith("aximum")]
+    for text in sorted(near(*bounds.values())):
+        inside = bool(NUMBER.fullmatch(text)) and not (text.startswith("-") and Decimal(text) == 0)
+        if inside:
+            n = Decimal(text)
+            inside = all(n > b if ex else n >= b for b, ex in lows) and all(n < b if ex else n <= b for b, ex in highs)
+        assert accepts(model, gbnf, text) == inside, (text, gbnf)
+
+
+def test_integer_bounds_both_kinds_count():
+    """``minimum`` and ``exclusiveMinimum`` together: the tighter one holds (it was the first one only)."""
+    g = grammar.grammar_from_schema({"type": "integer", "minimum": 0, "exclusiveMinimum": 5, "maximum": 9.5, "exclusiveMaximum": 20})
+    assert g.startswith("root ::= ([6-9]) space")
+
+
+def test_empty_ranges_and_bad_bounds_are_refused():
+    with pytest.raises(grammar.GrammarError, match="no number"):
+        grammar.grammar_from_schema({"type": "number", "minimum": 1, "exclusiveMaximum": 1})
+    with pytest.raises(grammar.GrammarError, match="no number"):
+        grammar.grammar_from_schema({"type": "number", "minimum": 1e17})  # beyond 16 digits before the point
+    with pytest.raises(grammar.GrammarError, match="'maximum' must be a number"):
+        grammar.grammar_from_schema({"type": "number", "maximum": "10"})
+    assert grammar.unenforced_keywords({"type": "number", "minimum": 0, "exclusiveMaximum": 1}) == []
+    assert grammar.unenforced_keywords({"type": "string", "minimum": 0}) == ["$.minimum (only on integers and numbers)"]
+
+
+RANGED = {
+    "type": "object",
+    "properties": {
+        "score": {"type": "number", "maximum": 10},  # issue 14's example: it got 30
+        "probability": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "celsius": {"type": "number", "minimum": -10.5, "exclusiveMaximum": 40},
+        "discount": {"type": "number", "minimum": 0.05, "maximum": 0.5},
+        "guests": {"type": "integer", "exclusiveMinimum": 0, "maximum": 12},
+    },
+    "required": ["score", "probability", "celsius", "discount", "guests"],
+}
+ASK_RANGED = ask("Review a hotel as JSON: \"score\" out of 100, the \"probability\" that you return in percent, "
+                 "the \"celsius\" temperature of the pool in Fahrenheit, the \"discount\" in percent and the number of \"guests\".")
+
+
+def test_number_ranges_hold_in_answers(server):
+    """The real model, greedy and sampled hot (a prompt that asks for out-of-range values): every answer in range."""
+    runs = [{"temperature": 0}] + [{"temperature": t, "seed": seed} for t in (0.8, 1.5) for seed in (1, 2, 3)]
+    strict = {"type": "json_schema", "json_schema": {"name": "review", "strict": True, "schema": RANGED}}
+
+    def one(run: dict) -> dict:
+        r = chat(server, {"messages": ASK_RANGED, "max_tokens": 160, "response_format": strict, **run})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]
+
+    with ThreadPoolExecutor(4) as pool:
+        choices = list(pool.map(one, runs))
+    complete = [c["message"]["content"] for c in choices if c["finish_reason"] == "stop"]
+    assert len(complete) >= len(runs) - 1, choices
+    for text in complete:
+        value = json.loads(text)
+        errors = [e.message for e in validator(RANGED).iter_errors(value)]
+        assert not errors, (text, errors)
+    print(f"\nnumber ranges: {len(complete)}/{len(runs)} complete answers, all in range; e.g. {complete[-1]}")
+
+
+# --- one path: constraint -> compiled grammar -> the slot's sampler -----------------------
+
+
+def test_compile_converts_checks_and_caches(model):
+    g = grammar.compile(grammar.Schema(PERSON), model)
+    assert isinstance(g, Grammar) and g == grammar.grammar_from_schema(PERSON)
+    assert grammar.compile(grammar.Schema(json.loads(json.dumps(PERSON))), model) is g  # cached per schema text
+    assert grammar.compile(grammar.Gbnf(str(g)), model) is g  # ... and per grammar text: one parse
+    with pytest.raises(grammar.GrammarError, match="^'response_format.schema': the schema cannot be converted"):
+        grammar.compile(grammar.Schema({"type": "foo"}, field="response_format.schema"), model)
+    with pytest.raises(grammar.GrammarError, match="^'json_schema': strict is true but the grammar cannot enforce: [$].properties.n.multipleOf"):
+        grammar.compile(grammar.Schema({"properties": {"n": {"type": "number", "multipleOf": 2}}}, strict=True), model)
+    with pytest.raises(grammar.GrammarError, match="^the grammar does not parse"):
+        grammar.compile(grammar.Gbnf('root ::= "a'), model)
+    sampler = Sampler(model, SamplingParams(grammar=g))  # the slot's call: clones the parse, its own state
+    try:
+        assert sampler.grammar is not None and sampler.grammar is not g.sampler
+    finally:
+        sampler.close()
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ({}, None),
+        ({"grammar": ""}, None),
+        ({"response_format": {"type": "text"}}, None),
+        ({"grammar": "root ::= x"}, grammar.Gbnf("root ::= x")),
+        ({"json_schema": {}}, grammar.Schema({}, False, "json_schema")),
+        ({"response_format": {"type": "json_object"}}, grammar.Schema({}, False, "response_format")),
+        ({"response_format": {"type": "json_object"}, "json_schema": PERSON}, grammar.Schema(PERSON, False, "json_schema")),
+        ({"response_format": {"type": "json_object", "schema": PERSON}}, grammar.Schema(PERSON, False, "response_format.schema")),
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": PERSON, "strict": True}}},
+         grammar.Schema(PERSON, True, "response_format.json_schema.schema")),
+        ({"grammar": "root ::= x", "json_schema": {}}, "Cannot use both 'json_schema' and 'grammar'"),
+        ({"json_schema": {}, "ignore_eos": True}, "'ignore_eos' cannot be used"),
+    ],
+)  # fmt: skip
+def test_constraint_resolution(body, expected):
+    """Which constraint a request carries: resolved without a model, without HTTP."""
+    request = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}]} | body)
+    if isinstance(expected, str):
+        with pytest.raises(ValueError, match=re.escape(expected)):
+            constraint_of(request)
+    else:
+        assert constraint_of(request) == expected

@@ -20,12 +20,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from llmkit.engine import ContextSizeError
-from llmkit.engine.grammar import check_grammar
-from llmkit.llama import Model
+from llmkit.engine import ContextSizeError, grammar
+from llmkit.llama import Model, SamplingParams
 from llmkit.server import sse
 from llmkit.server.errors import ApiError, off_loop
-from llmkit.server.protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest, NativeCompletionRequest, check_tokens, sampling_params
+from llmkit.server.protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest, NativeCompletionRequest, check_tokens, constraint_of, sampling_params
 from llmkit.server.state import SYSTEM_FINGERPRINT, ServerState, State
 
 log = logging.getLogger("llmkit.server")
@@ -72,10 +71,8 @@ async def generate(
     """Submit the prompt; answer with the whole completion, or stream it."""
     engine = state.engine
     n_top = body.n_top_logprobs()
-    # a schema's conversion and a grammar's check are CPU work: off the event loop; bad ones are a 400 here
-    params = await off_loop(sampling_params, body, state.settings.sampling_defaults())
-    if params.grammar is not None:
-        await off_loop(check_grammar, params.grammar, engine.model)
+    # the constraint's conversion and check are CPU work: off the event loop; bad ones are a 400 here
+    params = await off_loop(request_params, body, state.settings.sampling_defaults(), engine.model)
     try:
         request = engine.submit(
             prompt,
@@ -123,6 +120,12 @@ async def generate(
         headers={"Cache-Control": "no-cache"},
         background=BackgroundTask(request.cancel),
     )
+
+
+def request_params(body: GenerationRequest, defaults: SamplingParams, model: Model) -> SamplingParams:
+    """The request's sampling settings, with its constraint (if any) compiled into a grammar for ``model``'s slots."""
+    constraint = constraint_of(body)
+    return sampling_params(body, defaults, None if constraint is None else grammar.compile(constraint, model))
 
 
 def tokenize_mixed(model: Model, prompt: str | list[int | str]) -> list[int]:

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from llmkit.engine import grammar
-from llmkit.llama import SamplingParams
+from llmkit.engine.grammar import Constraint, Gbnf, Schema
+from llmkit.llama import Grammar, SamplingParams
 from llmkit.server.errors import ApiError
 
 
@@ -220,55 +220,49 @@ class DetokenizeRequest(ApiModel):
 # --- request -> engine ---------------------------------------------------------
 
 
-def grammar_of(body: GenerationRequest) -> str | None:
-    """The one place a grammar comes from (``response_format``, ``json_schema``, ``grammar``).
+def constraint_of(body: GenerationRequest) -> Constraint | None:
+    """Which constraint the request carries (``response_format``, ``json_schema`` or ``grammar``), if any.
 
     As llama-server (server-common.cpp, server-schema.cpp): a JSON ``response_format``
-    or the top-level ``json_schema`` gives a schema, converted to GBNF here (cached);
-    ``grammar`` is GBNF as it is, which the app checks against the vocabulary
-    (``grammar.check_grammar``) before queueing the request. An empty schema means any
-    JSON object; an empty ``grammar`` counts as absent. Two constraints at once are a 400.
+    or the top-level ``json_schema`` gives a schema, ``grammar`` GBNF as it is. An empty
+    schema means any JSON object; an empty ``grammar`` counts as absent. Two constraints
+    at once, or one with ``ignore_eos``, are a ValueError (a 400). Only resolved here:
+    ``grammar.compile`` converts and checks it.
     """
-    schema, field = body.json_schema, "json_schema"
+    schema, field, strict = body.json_schema, "json_schema", False
     gbnf = body.grammar or None
-    strict = False
     if schema is not None and gbnf is not None:
-        raise ApiError(400, "Cannot use both 'json_schema' and 'grammar'")
+        raise ValueError("Cannot use both 'json_schema' and 'grammar'")
     fmt = body.response_format
     if fmt is not None and fmt.type != "text":
         if gbnf is not None:
-            raise ApiError(400, f"Cannot use both 'grammar' and 'response_format' of type {fmt.type!r}")
+            raise ValueError(f"Cannot use both 'grammar' and 'response_format' of type {fmt.type!r}")
         if fmt.type == "json_object":  # its own schema if it has one, else the top-level one, else any object
             if fmt.schema_ is not None:
                 if schema is not None:
-                    raise ApiError(400, "Cannot use both 'json_schema' and 'response_format.schema'")
+                    raise ValueError("Cannot use both 'json_schema' and 'response_format.schema'")
                 schema, field = fmt.schema_, "response_format.schema"
             elif schema is None:
                 schema, field = {}, "response_format"
         else:
             if fmt.json_schema is None:
-                raise ApiError(400, "'response_format.json_schema' is required when 'response_format.type' is 'json_schema'")
+                raise ValueError("'response_format.json_schema' is required when 'response_format.type' is 'json_schema'")
             if schema is not None:
-                raise ApiError(400, "Cannot use both 'json_schema' and 'response_format.json_schema'")
+                raise ValueError("Cannot use both 'json_schema' and 'response_format.json_schema'")
             schema, field = fmt.json_schema.schema_ or {}, "response_format.json_schema.schema"
             strict = fmt.json_schema.strict
     if schema is None and gbnf is None:
         return None
     if body.ignore_eos:
-        raise ApiError(400, "'ignore_eos' cannot be used with a grammar or a schema: once the output is complete, the end is the only token left")
-    if gbnf is not None:
-        return gbnf
-    if strict and (unenforced := grammar.unenforced_keywords(schema)):
-        shown = ", ".join(unenforced[:8]) + (", ..." if len(unenforced) > 8 else "")
-        raise ApiError(400, f"'{field}': strict is true but the grammar cannot enforce: {shown} (remove them, or set strict to false)")
-    try:
-        return grammar.grammar_from_schema(schema)
-    except grammar.GrammarError as exc:
-        raise ApiError(400, f"'{field}': {exc}") from None
+        raise ValueError("'ignore_eos' cannot be used with a grammar or a schema: once the output is complete, the end is the only token left")
+    return Gbnf(gbnf) if gbnf is not None else Schema(schema, strict, field)
 
 
-def sampling_params(body: GenerationRequest, defaults: SamplingParams) -> SamplingParams:
-    """Map a request onto the server's defaults (``--temp``, ``--seed``, ``-n``): only given fields change."""
+def sampling_params(body: GenerationRequest, defaults: SamplingParams, grammar: Grammar | None = None) -> SamplingParams:
+    """Map a request onto the server's defaults (``--temp``, ``--seed``, ``-n``): only given fields change.
+
+    ``grammar``: the request's constraint, compiled (``constraint_of`` says which, ``grammar.compile`` makes it).
+    """
     given = {
         "max_tokens": next((n for n in (body.n_predict, body.max_completion_tokens, body.max_tokens) if n is not None), None),
         "temperature": body.temperature,
@@ -282,7 +276,7 @@ def sampling_params(body: GenerationRequest, defaults: SamplingParams) -> Sampli
         "frequency_penalty": body.frequency_penalty,
         "stop": [body.stop] if isinstance(body.stop, str) else body.stop,
         "ignore_eos": body.ignore_eos,
-        "grammar": grammar_of(body),
+        "grammar": grammar,
     }
     return dataclasses.replace(defaults, **{k: v for k, v in given.items() if v is not None})
 

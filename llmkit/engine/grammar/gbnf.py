@@ -1,0 +1,363 @@
+"""GBNF checked before it reaches a slot: what llama.cpp would refuse, and what would hang or crash it.
+
+``check`` runs before a request is queued, so a bad grammar is a 400 and never
+reaches the engine thread. It refuses what llama.cpp itself would refuse
+(syntax, undefined rules, left recursion), and, first, what would make
+llama.cpp hang or crash the process instead of refusing:
+
+- left recursion through a rule that may match nothing (``a ::= b a "x"``,
+  ``b ::= "y"?``): llama.cpp's own check misses it and then loops forever;
+- groups nested thousands deep, or a grammar of megabytes: its recursive
+  parser overflows the C stack;
+- a grammar that allows no token at all at the start.
+
+A grammar that passes is a ``Grammar``: llama.cpp's parse of it, which every
+request's sampler clones (cached per text and model).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+
+import numpy as np
+
+from llmkit.engine.grammar.limits import MAX_GRAMMAR_CHARS, MAX_GRAMMAR_NESTING, MAX_GRAMMAR_RULES, MAX_REPETITIONS, GrammarError
+from llmkit.llama import Grammar, Model
+
+
+class _GbnfReader:
+    """Reads GBNF as llama.cpp's parser does (src/llama-grammar.cpp), to find what it cannot handle.
+
+    Each rule becomes a list of alternatives, each a list of symbols: ``None`` for a terminal,
+    a rule name for a reference. Groups and repetitions become rules of their own, as there.
+    """
+
+    def __init__(self, text: str):
+        self.src = text
+        self.pos = 0
+        self.rules: dict[str, list[list[str | None]]] = {}
+        self.refs: dict[str, int] = {}  # referenced name -> where (for "undefined rule")
+        self.n_generated = 0
+
+    def fail(self, message: str, at: int | None = None) -> GrammarError:
+        at = self.pos if at is None else at
+        line = self.src.count("\n", 0, at) + 1
+        column = at - (self.src.rfind("\n", 0, at) + 1) + 1
+        near = self.src[at : at + 20].split("\n")[0]
+        return GrammarError(f"the grammar does not parse (GBNF): {message} at line {line}, column {column}" + (f" (near {near!r})" if near else ""))
+
+    def peek(self, k: int = 0) -> str:
+        i = self.pos + k
+        return self.src[i] if i < len(self.src) else ""
+
+    def space(self, newline_ok: bool) -> None:
+        s, i = self.src, self.pos
+        while i < len(s) and (s[i] in " \t#" or (newline_ok and s[i] in "\r\n")):
+            if s[i] == "#":
+                while i < len(s) and s[i] not in "\r\n":
+                    i += 1
+            else:
+                i += 1
+        self.pos = i
+
+    def name(self) -> str:
+        start = self.pos
+        while self.peek() and (self.peek().isascii() and (self.peek().isalnum() or self.peek() == "-")):
+            self.pos += 1
+        if self.pos == start:
+            raise self.fail("expecting a rule name")
+        return self.src[start : self.pos]
+
+    def int(self) -> int:
+        start = self.pos
+        while self.peek() and self.peek() in "0123456789":
+            self.pos += 1
+        if self.pos == start:
+            raise self.fail("expecting an integer")
+        return int(self.src[start : self.pos])
+
+    def char(self) -> None:
+        c = self.peek()
+        if not c:
+            raise self.fail("unexpected end of input")
+        if c != "\\":
+            self.pos += 1
+            return
+        e = self.peek(1)
+        size = {"x": 2, "u": 4, "U": 8}.get(e)
+        if size:
+            digits = self.src[self.pos + 2 : self.pos + 2 + size]
+            if len(digits) != size or any(d not in "0123456789abcdefABCDEF" for d in digits):
+                raise self.fail(f"expecting {size} hex digits after \\{e}")
+            self.pos += 2 + size
+        elif e and e in 'trn\\"[]-':
+            self.pos += 2
+        else:
+            raise self.fail("unknown escape")
+
+    def count(self) -> None:
+        if len(self.rules) >= MAX_GRAMMAR_RULES:
+            raise self.fail(f"more than {MAX_GRAMMAR_RULES} rules (counting groups and repetitions)")
+
+    def generated(self, rule: str) -> str:
+        self.count()
+        self.n_generated += 1
+        return f"{rule}_{self.n_generated}"
+
+    def parse(self) -> dict[str, list[list[str | None]]]:
+        self.space(True)
+        while self.pos < len(self.src):
+            self.count()
+            name = self.name()
+            self.space(False)
+            if self.src[self.pos : self.pos + 3] != "::=":
+                raise self.fail("expecting ::=")
+            self.pos += 3
+            self.space(True)
+            self.rules[name] = self.alternates(name, nested=False, depth=0)
+            if self.peek() == "\r":
+                self.pos += 2 if self.peek(1) == "\n" else 1
+            elif self.peek() == "\n":
+                self.pos += 1
+            elif self.peek():
+                raise self.fail("expecting newline or end")
+            self.space(True)
+        for ref, at in self.refs.items():
+            if ref not in self.rules:
+                raise self.fail(f"undefined rule {ref!r}", at)
+        if "root" not in self.rules:
+            raise GrammarError("the grammar has no 'root' rule")
+        return self.rules
+
+    def alternates(self, rule: str, nested: bool, depth: int) -> list[list[str | None]]:
+        alts = [self.sequence(rule, nested, depth)]
+        while self.peek() == "|":
+            self.pos += 1
+            self.space(True)
+            alts.append(self.sequence(rule, nested, depth))
+        return alts
+
+    def sequence(self, rule: str, nested: bool, depth: int) -> list[str | None]:
+        seq: list[str | None] = []
+        last: int | None = None  # where the last symbol starts in seq (None: nothing to repeat)
+        while self.pos < len(self.src):
+            c = self.peek()
+            if c == '"':
+                self.pos += 1
+                start = len(seq)
+                while self.peek() != '"':
+                    self.char()
+                    seq.append(None)
+                self.pos += 1
+                last = start if len(seq) > start else None
+                del seq[start + 1 :]  # a literal is one terminal for what we look at
+            elif c == "[":
+                self.pos += 1
+                if self.peek() == "^":
+                    self.pos += 1
+                while self.peek() != "]":
+                    self.char()
+                    if self.peek() == "-" and self.peek(1) != "]":
+                        self.pos += 1
+                        self.char()
+                self.pos += 1
+                last = len(seq)
+                seq.append(None)
+            elif c in "<!":
+                if c == "!":
+                    self.pos += 1
+                if self.peek() != "<":
+                    raise self.fail("expecting '<'")
+                end = self.src.find(">", self.pos)
+                if end < 0:
+                    raise self.fail("expecting '>'")
+                self.pos = end + 1
+                last = len(seq)
+                seq.append(None)
+            elif c.isascii() and (c.isalnum() or c == "-"):
+                at = self.pos
+                ref = self.name()
+                self.refs.setdefault(ref, at)
+                last = len(seq)
+                seq.append(ref)
+            elif c == "(":
+                if depth + 1 > MAX_GRAMMAR_NESTING:
+                    raise self.fail(f"groups nested more than {MAX_GRAMMAR_NESTING} deep")
+                self.pos += 1
+                self.space(True)
+                sub = self.generated(rule)
+                self.rules[sub] = self.alternates(rule, nested=True, depth=depth + 1)
+                if self.peek() != ")":
+                    raise self.fail("expecting ')'")
+                self.pos += 1
+                last = len(seq)
+                seq.append(sub)
+            elif c == ".":
+                self.pos += 1
+                last = len(seq)
+                seq.append(None)
+            elif c in "*+?{":
+                if last is None:
+                    raise self.fail(f"expecting an item before {c}")
+                self.pos += 1
+                if c == "{":
+                    self.space(nested)
+                    lo = self.int()
+                    self.space(nested)
+                    if self.peek() == "}":
+                        hi: int | None = lo
+                    elif self.peek() == ",":
+                        self.pos += 1
+                        self.space(nested)
+                        hi = self.int() if self.peek().isdigit() else None
+                        self.space(nested)
+                        if self.peek() != "}":
+                            raise self.fail("expecting '}'")
+                    else:
+                        raise self.fail("expecting ',' or '}'")
+                    self.pos += 1
+                    if lo > MAX_REPETITIONS:
+                        raise self.fail(f"more than {MAX_REPETITIONS} repetitions")
+                    if hi is not None and hi > MAX_REPETITIONS:
+                        hi = None  # llama.cpp too: no maximum
+                    if hi is not None and hi < lo:
+                        raise self.fail("a repetition's maximum is below its minimum")
+                else:
+                    lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
+                item = seq[last:]
+                del seq[last:]
+                seq.extend(item * min(lo, 2))  # for nullability and left corners, two copies say all
+                if hi is None or hi > lo:  # the optional part: R ::= item R | (empty), as llama.cpp
+                    rep = self.generated(rule)
+                    self.rules[rep] = [item + ([rep] if hi is None or hi - lo > 1 else []), []]
+                    seq.append(rep)
+                last = None if not seq[last:] else last
+            else:
+                break
+            self.space(nested)
+        return seq
+
+
+def _check_left_recursion(rules: dict[str, list[list[str | None]]]) -> None:
+    """Refuse the left recursion that makes llama.cpp loop forever.
+
+    A rule that can reach itself without consuming input, through a reference
+    that has more symbols after it, grows llama.cpp's grammar stack at every
+    turn: its loop never ends (llama.cpp's own check only sees the simplest
+    cases). Through last symbols only, the stack keeps its size and llama.cpp's
+    "seen" set stops the loop, so those are left to llama.cpp.
+    """
+    nullable: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, alts in rules.items():
+            if name not in nullable and any(all(s is not None and s in nullable for s in alt) for alt in alts):
+                nullable.add(name)
+                changed = True
+    edges: dict[str, list[tuple[str, bool]]] = {name: [] for name in rules}
+    for name, alts in rules.items():
+        for alt in alts:
+            for i, sym in enumerate(alt):
+                if sym is None:
+                    break
+                edges[name].append((sym, i < len(alt) - 1))
+                if sym not in nullable:
+                    break
+    # strongly connected components (Tarjan's algorithm, iterative)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    comp: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    counter = 0
+    for start in rules:
+        if start in index:
+            continue
+        work = [(start, 0)]
+        while work:
+            node, i = work.pop()
+            if i == 0:
+                index[node] = low[node] = counter
+                counter += 1
+                stack.append(node)
+                on_stack.add(node)
+            out = edges[node]
+            if i < len(out):
+                work.append((node, i + 1))
+                nxt = out[i][0]
+                if nxt not in index:
+                    work.append((nxt, 0))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            if low[node] == index[node]:
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    comp[member] = index[node]
+                    if member == node:
+                        break
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+    for name, out in edges.items():
+        for target, grows in out:
+            if grows and comp[target] == comp[name]:
+                shown = name.split("_")[0]  # groups and repetitions are named after their rule
+                raise GrammarError(
+                    f"the grammar is left-recursive: rule {shown!r} can come back to itself without "
+                    "consuming any text (llama.cpp cannot run such a grammar; rewrite it with right recursion or *)"
+                )
+
+
+
+class _LlamaErrors(logging.Handler):
+    """Collects llama.cpp's error lines logged on this thread (llmkit.llama forwards them)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.thread = threading.get_ident()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.thread == self.thread:
+            self.lines.append(record.getMessage())
+
+
+def check(gbnf: str, model: Model) -> Grammar:
+    """``gbnf`` parsed for ``model``, or ``GrammarError`` (a ValueError) with the reason a slot could not serve it."""
+    if len(gbnf) > MAX_GRAMMAR_CHARS:
+        raise GrammarError(f"the grammar is {len(gbnf)} characters long: the limit is {MAX_GRAMMAR_CHARS}")
+    return _check(gbnf, model)
+
+
+@functools.lru_cache(maxsize=256)  # only grammars that passed are remembered
+def _check(gbnf: str, model: Model) -> Grammar:
+    try:
+        raw = gbnf.encode()
+    except UnicodeEncodeError:
+        raise GrammarError("the grammar is not valid Unicode (it holds a lone surrogate)") from None
+    if b"\x00" in raw:
+        raise GrammarError("the grammar holds a NUL character")
+    _check_left_recursion(_GbnfReader(gbnf).parse())
+    errors = _LlamaErrors()
+    llama_log = logging.getLogger("llmkit.llama")
+    llama_log.addHandler(errors)
+    try:
+        grammar = Grammar(gbnf, model)
+    except ValueError:
+        why = "; ".join(line.strip() for line in errors.lines) or "see the server log"
+        raise GrammarError(f"llama.cpp refused the grammar: {why}") from None
+    finally:
+        llama_log.removeHandler(errors)
+    probe = grammar.sampler.clone()  # the first step: some token (or the end) must be allowed
+    try:
+        probe.masked(np.zeros(model.n_vocab, dtype=np.float32))
+    except ValueError:
+        raise GrammarError("the grammar allows no token to start with") from None
+    finally:
+        probe.close()
+    return grammar
