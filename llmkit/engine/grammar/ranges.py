@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from decimal import Decimal
 from typing import NamedTuple
 
@@ -187,11 +188,15 @@ def _bound(schema: dict, key: str, integer: bool) -> int | float | None:
 
 def int_bounds(schema: dict) -> tuple[int | None, int | None]:
     """The smallest and largest integer ``schema`` allows (None: no bound); both exclusive and inclusive count."""
-    lows = [math.ceil(v) for v in [_bound(schema, "minimum", True)] if v is not None]
-    lows += [math.floor(v) + 1 for v in [_bound(schema, "exclusiveMinimum", True)] if v is not None]
-    highs = [math.floor(v) for v in [_bound(schema, "maximum", True)] if v is not None]
-    highs += [math.ceil(v) - 1 for v in [_bound(schema, "exclusiveMaximum", True)] if v is not None]
-    lo, hi = max(lows, default=None), min(highs, default=None)
+
+    def read(key: str, to_int: Callable[[float], int]) -> int | None:
+        value = _bound(schema, key, True)
+        return None if value is None else to_int(value)
+
+    lows = [read("minimum", math.ceil), read("exclusiveMinimum", lambda v: math.floor(v) + 1)]
+    highs = [read("maximum", math.floor), read("exclusiveMaximum", lambda v: math.ceil(v) - 1)]
+    lo = max((b for b in lows if b is not None), default=None)
+    hi = min((b for b in highs if b is not None), default=None)
     if lo is not None and hi is not None and lo > hi:
         raise GrammarError(f"no integer is between the minimum ({lo}) and the maximum ({hi})")
     return lo, hi
