@@ -346,7 +346,7 @@ class GrammarSampler:
         if not handle:
             raise ValueError("the grammar does not parse (GBNF)")
         self.model, self.handle = model, handle
-        self.close = weakref.finalize(self, lc.llama_sampler_free, handle)  # close() frees it, or the collector does
+        self._free = weakref.finalize(self, lc.llama_sampler_free, handle)  # close() frees it, else the collector
         self._data: ctypes.Array | None = None  # the whole vocabulary as candidates (allocated on first use)
         self._one = (lc.llama_token_data * 1)()
 
@@ -381,6 +381,9 @@ class GrammarSampler:
 
     def accept(self, token: int) -> None:
         lc.llama_sampler_accept(self.handle, token)
+
+    def close(self) -> None:
+        self._free()  # once: later calls do nothing
 
 
 class Grammar(str):
