@@ -12,6 +12,7 @@ PORT ?= 8080
 help:
 	@echo "make lab     set everything up, then open the course notebooks in JupyterLab"
 	@echo "make test    set everything up, then run every test (unit, servers, browser, notebooks)"
+	@echo "make test-fast   the model-free tests only, in seconds (the inner loop)"
 	@echo "make bench   side-by-side benchmark of the servers (writes bench-results/)"
 	@echo "make llama-server   build the real llama-server from the same llama.cpp (once, ~12 min; make test does it)"
 	@echo "make serve-sequential | serve-slots   run a server on port $(PORT)"
@@ -49,6 +50,10 @@ llama-server: $(INSTALLED)
 test: $(INSTALLED) browser llama-server
 	$(PY) -m pytest tests notebooks/en notebooks/ja --nbval-lax -p no:cacheprovider $(PYTEST_ARGS)
 
+# The inner loop: model-free tests only (seconds); make test still runs everything.
+test-fast: $(INSTALLED)
+	$(PY) -m pytest tests -m "not slow" -p no:cacheprovider $(PYTEST_ARGS)
+
 # Root (containers, CI machines) needs --allow-root; LAB_ARGS passes anything else (--no-browser --port 8890).
 lab: $(INSTALLED)
 	$(VENV)/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
@@ -71,4 +76,4 @@ book: $(INSTALLED)
 clean:
 	rm -rf $(VENV) build *.egg-info bench-results book/_build
 
-.PHONY: help install browser llama-server test lab bench serve-sequential serve-slots book clean
+.PHONY: help install browser llama-server test test-fast lab bench serve-sequential serve-slots book clean

@@ -30,3 +30,14 @@ def sequential_server():
     """
     with launch.serve("sequential", "--temp", "0", "--seed", "1", "-n", "160", "-t", "1") as server:
         yield server
+
+
+# The inner loop: `make test-fast` runs these modules only (no model, server, browser or build;
+# seconds). Every other test, and every notebook, is marked `slow`; `make test` runs everything.
+FAST_MODULES = {"test_scheduler.py", "test_sse.py", "test_text.py", "test_server_app.py", "test_notebooks.py", "test_models.py"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name not in FAST_MODULES:
+            item.add_marker(pytest.mark.slow)

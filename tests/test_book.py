@@ -18,7 +18,6 @@ import hashlib
 import html
 import http.server
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -29,6 +28,8 @@ from urllib.parse import urljoin, urlsplit
 
 import pytest
 
+from helpers import chromium
+
 ROOT = Path(__file__).resolve().parent.parent
 # Building both editions takes about a minute on 2 idle cores; the first test waits for it.
 pytestmark = pytest.mark.timeout(900)
@@ -36,8 +37,6 @@ pytestmark = pytest.mark.timeout(900)
 EDITIONS = {"en": "ja", "ja": "en"}  # edition -> the other one
 SCREENSHOTS = ROOT / "book" / "_build" / "screenshots"
 CHAPTER = "03_sse_format"  # the chapter opened in the browser (it has a figure)
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 JAPANESE = re.compile(r"[\u3040-\u30ff\u4e00-\u9fff]")  # kana and CJK ideographs
 TIMEOUT = 60
 
@@ -250,31 +249,7 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
-    assert not missing, (
-        f"the book test needs Debian's Chromium ({', '.join(missing)} not found): "
-        "make browser, or apt-get install -y chromium chromium-driver fonts-noto-cjk"
-    )
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--hide-scrollbars",
-        "--window-size=1280,900",
-        f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
-    ):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver = chromium(tmp_path_factory.mktemp("chromium-profile"), window="1280,900", extra=("--hide-scrollbars",))
     driver.set_page_load_timeout(TIMEOUT)
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     try:

@@ -13,6 +13,8 @@ from llmkit.engine import ContextSizeError, Engine, EngineError
 from llmkit.engine.request import Request
 from llmkit.llama import Sampler, SamplingParams
 
+from helpers import wait_until
+
 QUESTIONS = [
     "What is the capital of France?",
     "Write one sentence about the sea.",
@@ -33,16 +35,8 @@ def engine(model):
         yield e
 
 
-def wait_for(condition, timeout: float) -> None:
-    """Poll ``condition`` (the engine thread changes state between steps) until true or ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
 def wait_idle(engine: Engine, timeout: float = 5.0) -> None:
-    wait_for(lambda: not (engine.n_busy or engine.n_waiting), timeout)
-    assert engine.n_busy == 0 and engine.n_waiting == 0
+    wait_until(lambda: not (engine.n_busy or engine.n_waiting), timeout)
 
 
 def test_batched_greedy_output_equals_output_alone(engine):
@@ -95,7 +89,7 @@ def test_two_system_prompts_keep_to_their_own_slots(engine):
 def test_more_requests_than_slots_wait_in_a_queue_and_all_finish(engine):
     requests = [engine.chat(chat(f"Count from {i} to {i + 5}."), max_tokens=24, temperature=0) for i in range(7)]
     # slots fill between steps (a slow step delays the next admissions): wait for it, don't guess how long
-    wait_for(lambda: engine.n_busy == 4 and engine.n_waiting == 3, timeout=10)
+    wait_until(lambda: engine.n_busy == 4 and engine.n_waiting == 3, timeout=10)
     assert engine.n_busy == 4 and engine.n_waiting == 3
     texts = [r.result() for r in requests]
     assert all(texts) and all(r.finish_reason in ("stop", "length") for r in requests)

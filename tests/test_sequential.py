@@ -10,6 +10,8 @@ import time
 
 import httpx
 import pytest
+
+from helpers import sse_events
 from filehost import file_route, redirect_route, serve_files
 
 from llmkit import launch, models
@@ -17,15 +19,6 @@ from llmkit.sequential.app import create_app
 from llmkit.sequential.translator import Translator
 
 LONG_TEXT = " ".join(["The weather was lovely, so we walked along the river and talked about books."] * 6)
-
-
-def sse_events(raw: bytes) -> list[str]:
-    """Split a raw SSE body into the data of each event, checking the framing byte by byte."""
-    text = raw.decode("utf-8")
-    assert text.endswith("\n\n")
-    events = text[:-2].split("\n\n")
-    assert all(e.startswith("data: ") and "\n" not in e for e in events), events
-    return [e[len("data: ") :] for e in events]
 
 
 # --- happy paths ------------------------------------------------------------------
@@ -47,7 +40,7 @@ def test_translate_and_stream_agree(sequential_server):
     assert streamed.status_code == 200
     assert streamed.headers["content-type"].startswith("text/event-stream")
     events = sse_events(streamed.content)
-    assert events[-1] == "[DONE]"
+    assert events[-1] == b"[DONE]"
     tokens = [json.loads(e) for e in events[:-1]]
     assert len(tokens) > 1 and all(isinstance(t, str) for t in tokens)
     # greedy (--temp 0) and a cleared cache: the same request gives the same text
@@ -197,7 +190,7 @@ def test_exception_during_stream_ends_with_an_error_event(inproc, translator, mo
     assert r.status_code == 200
     events = sse_events(r.content)
     assert json.loads(events[-1]) == {"error": "detokenizer exploded"}
-    assert "[DONE]" not in events
+    assert b"[DONE]" not in events
     monkeypatch.undo()
     assert not translator.lock.locked()
     r = httpx.post(f"{inproc}/translate", json={"text": "Hello", "target_lang": "fr"}, timeout=60)

@@ -23,6 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmkit import launch
 
+from helpers import assert_error, post, sse_events, wait_until
+
 ALIAS = "smollm2"
 KEY = "sesame"
 N_CTX_SLOT = 512
@@ -48,33 +50,13 @@ def client(server):
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
 
 
-def post(server, path: str, body, **kw) -> httpx.Response:
-    """POST ``body`` as JSON (bytes: as they are, for what ``json.dumps`` would not write)."""
-    kw.setdefault("timeout", 60)
-    if isinstance(body, bytes):
-        return httpx.post(f"{server.url}{path}", content=body, headers={"content-type": "application/json"}, **kw)
-    return httpx.post(f"{server.url}{path}", json=body, **kw)
-
-
-def sse_events(raw: bytes) -> list[bytes]:
-    """Split a stream's bytes into events, checking the framing: each is ``data: ...\\n\\n``."""
-    assert raw.endswith(b"\n\n")
-    events = raw[:-2].split(b"\n\n")
-    assert all(e.startswith(b"data: ") and b"\n" not in e for e in events), events
-    return [e.removeprefix(b"data: ") for e in events]
-
-
 def slots(server) -> list[dict]:
     return httpx.get(f"{server.url}/slots", timeout=10).json()
 
 
 def wait_idle(server, timeout: float = 10) -> float:
     """Seconds until no slot is processing (fails after ``timeout``)."""
-    t0 = time.monotonic()
-    while any(s["is_processing"] for s in slots(server)):
-        assert time.monotonic() - t0 < timeout, slots(server)
-        time.sleep(0.05)
-    return time.monotonic() - t0
+    return wait_until(lambda: not any(s["is_processing"] for s in slots(server)), timeout, interval=0.05)
 
 
 def metrics(server) -> dict[str, float]:
@@ -311,16 +293,6 @@ def test_access_log(server):
 
 
 # --- errors ----------------------------------------------------------------------------
-
-
-def assert_error(r: httpx.Response, status: int, type_: str, *words: str) -> dict:
-    assert r.status_code == status, r.text
-    assert r.headers["content-type"] == "application/json"
-    error = r.json()["error"]
-    assert error["code"] == status and error["type"] == type_, error
-    for word in words:
-        assert word in error["message"], error
-    return error
 
 
 @pytest.mark.parametrize(

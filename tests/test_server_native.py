@@ -18,6 +18,8 @@ import pytest
 
 from llmkit import launch
 
+from helpers import post
+
 COUNT = "Count: 1, 2, 3, 4,"
 HELLO = [{"role": "user", "content": "Say hello."}]
 
@@ -34,10 +36,6 @@ PROB_KEYS = ["id", "token", "bytes", "logprob", "top_logprobs"]
 def server():
     with launch.serve("slots", "-np", "2", "-c", "2048", "--temp", "0", "-t", "1") as s:
         yield s
-
-
-def post(server, path: str, body: dict) -> httpx.Response:
-    return httpx.post(f"{server.url}{path}", json=body, timeout=120)
 
 
 def complete(server, **body) -> dict:

@@ -1,35 +1,23 @@
 """The sequential server's web UI in a real browser (headless Chromium via selenium).
 
-Debian's chromium and chromedriver are used directly, so selenium-manager never
-tries to download a browser or a driver (there is no internet here). ``make test``
-installs them; by hand: ``apt-get install -y chromium chromium-driver``.
+Debian's chromium and chromedriver are used directly (``helpers.chromium``), so
+selenium-manager never tries to download a browser or a driver (there is no
+internet here). ``make test`` installs them; by hand: ``make browser``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.request
 
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
-_missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
-if _missing:
-    pytest.skip(
-        f"browser test needs Debian's Chromium ({', '.join(_missing)} not found); "
-        "install with: apt-get install -y chromium chromium-driver",
-        allow_module_level=True,
-    )
-
-from selenium import webdriver  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.common.keys import Keys  # noqa: E402
-from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
+from helpers import chromium
 
 LANGUAGES = ["ja", "en", "zh", "ko", "fr", "de", "es"]
 TIMEOUT = 60  # seconds: a whole translation on a CPU, with room to spare
@@ -53,23 +41,7 @@ window.__sampler = setInterval(() => {
 
 @pytest.fixture
 def browser(tmp_path):
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--window-size=1200,800",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-    ):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver = chromium(tmp_path / "chromium-profile", capabilities={"goog:loggingPrefs": {"browser": "ALL"}})
     driver.set_page_load_timeout(TIMEOUT)
     try:
         yield driver

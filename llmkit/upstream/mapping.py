@@ -65,6 +65,8 @@ MAP: tuple[Counterpart, ...] = (
                 "its n_cache_reuse loop (--cache-reuse), run when the request starts; counts the moved tokens for timings"),
     Counterpart("llmkit.engine.slot.Slot.shift_context", "server_context_impl::pre_decode", CONTEXT,
                 "its context shift (--context-shift): n_discard is always half of what follows n_keep"),
+    Counterpart("llmkit.engine.engine.Counters.record_finish", "server_context_impl::metrics_on_prediction", CONTEXT,
+                "the totals of a finished request's timings, in one writer; llama-server also counts prompts as their chunks are read"),
     Counterpart("llmkit.engine.engine.Engine.clear_idle_slot", "server_context_impl::try_clear_idle_slots", CONTEXT,
                 "the same (unified KV only); Engine.decode then retries the whole batch instead of halving it"),
     Counterpart("llmkit.engine.slot.Slot.start", "server_context_impl::launch_slot_with_task", CONTEXT,

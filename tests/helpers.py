@@ -1,0 +1,74 @@
+"""What several test modules share: a JSON POST, the SSE framing check, the error-shape check, polling,
+and headless Chromium (Debian's, driven directly: selenium-manager never tries to download one)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+def post(server: Any, path: str, body: Any, *, timeout: float = 120, **kw: Any) -> httpx.Response:
+    """POST ``body`` as JSON to a server started by ``launch.serve`` (bytes: sent as they are,
+    for what ``json.dumps`` would not write)."""
+    if isinstance(body, bytes):
+        return httpx.post(f"{server.url}{path}", content=body, headers={"content-type": "application/json"}, timeout=timeout, **kw)
+    return httpx.post(f"{server.url}{path}", json=body, timeout=timeout, **kw)
+
+
+def sse_events(raw: bytes) -> list[bytes]:
+    """Split a stream's bytes into the data of each event, checking the framing: each is ``data: ...\\n\\n``."""
+    assert raw.endswith(b"\n\n")
+    events = raw[:-2].split(b"\n\n")
+    assert all(e.startswith(b"data: ") and b"\n" not in e for e in events), events
+    return [e.removeprefix(b"data: ") for e in events]
+
+
+def assert_error(r: httpx.Response, status: int, type_: str, *words: str) -> dict:
+    """``r`` is llama-server's error shape, ``{"error": {"code", "message", "type"}}``, whose message has ``words``."""
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/json"
+    error = r.json()["error"]
+    assert error["code"] == status and error["type"] == type_, error
+    for word in words:
+        assert word in error["message"], error
+    return error
+
+
+def wait_until(condition: Callable[[], object], timeout: float, interval: float = 0.01) -> float:
+    """Poll ``condition`` until it is true; the seconds it took (fails after ``timeout``)."""
+    t0 = time.monotonic()
+    while not condition():
+        assert time.monotonic() - t0 < timeout, f"still false after {timeout} s"
+        time.sleep(interval)
+    return time.monotonic() - t0
+
+
+def chromium(profile: Path, *, window: str = "1200,800", extra: tuple[str, ...] = (), capabilities: dict | None = None):
+    """A headless Chromium driven by selenium; ``make browser`` (which ``make test`` runs) installs it."""
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
+    assert not missing, (
+        f"the browser tests need Debian's Chromium ({', '.join(missing)} not found): "
+        "make browser, or apt-get install -y chromium chromium-driver fonts-noto-cjk"
+    )
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--window-size={window}", f"--user-data-dir={profile}", *extra,
+    ):  # fmt: skip
+        options.add_argument(arg)
+    for name, value in (capabilities or {}).items():
+        options.set_capability(name, value)
+    return webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
