@@ -1,12 +1,14 @@
 """A thin typed layer over llama-cpp-python's low-level API.
 
-Both servers stand on these four objects, each owning one llama.cpp handle
+Both servers stand on these objects, each owning one llama.cpp handle
 and freeing it in ``close()``:
 
 - ``Model``    a loaded GGUF: vocabulary, tokenizer, chat template   (llama_model)
 - ``Context``  the KV cache and the compute graph, one sequence per slot (llama_context)
 - ``Batch``    the tokens handed to one ``llama_decode`` call          (llama_batch)
 - ``Sampler``  a sampler chain that picks the next token               (llama_sampler)
+- ``GrammarSampler`` a grammar over the vocabulary, the only token mask (llama_sampler_init_grammar);
+  ``Grammar`` is GBNF text with its checked parse, which each slot's ``Sampler`` clones
 
 Nothing here knows about HTTP, slots or requests. The same calls appear in
 llama-server's ``server-context.cpp`` (``llama_decode``, ``common_batch_add``,
