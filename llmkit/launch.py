@@ -23,9 +23,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 
@@ -105,7 +105,7 @@ def start(kind: str, *flags: str, port: int | None = None, timeout: float = 120,
     server = ServerProcess(kind, f"http://{HOST}:{port}", process, log_path, list(flags))
     try:
         wait_healthy(server.url, timeout, server.running)
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 -- stop the process whatever went wrong (Ctrl-C too), then report
         server.stop()
         raise RuntimeError(f"{kind} server failed to start: {exc}\n--- its log ---\n{server.log()[-3000:]}") from None
     return server

@@ -44,15 +44,10 @@ def _forward_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
         log.log(_LEVELS[level], "%s", message)
 
 
-_backend_ready = False
-
-
+@functools.cache  # once per process
 def _init_backend() -> None:
-    global _backend_ready
-    if not _backend_ready:
-        lc.llama_log_set(_forward_log, ctypes.c_void_p(0))
-        lc.llama_backend_init()
-        _backend_ready = True
+    lc.llama_log_set(_forward_log, ctypes.c_void_p(0))
+    lc.llama_backend_init()
 
 
 def default_threads() -> int:

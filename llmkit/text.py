@@ -12,7 +12,7 @@ a stop string, so that a stop string split across tokens is never emitted
 from __future__ import annotations
 
 import codecs
-from typing import Callable
+from collections.abc import Callable
 
 
 class Detokenizer:

@@ -80,7 +80,7 @@ def chat_history(first_message: str) -> list[dict]:
     turns = [{"role": "system", "content": "You answer in one short sentence."}, {"role": "user", "content": first_message}]
     for i, line in enumerate(LINES * 2):
         turns += [{"role": "assistant", "content": "Noted."}, {"role": "user", "content": f"Fact {i}: {line}"}]
-    return turns + [{"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Where do the children race?"}]
+    return [*turns, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Where do the children race?"}]
 
 
 def test_cache_reuse_moves_the_chunk_after_an_edit_instead_of_reading_it_again(model):

@@ -23,8 +23,9 @@ import contextlib
 import inspect
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -77,7 +78,7 @@ def diff(ours: Any, theirs: Any, path: str = "") -> list[str]:
     if isinstance(ours, list) and isinstance(theirs, list) and ours and theirs:
         n = max(len(ours), len(theirs))
         pad = lambda x: x + [ABSENT] * (n - len(x))  # noqa: E731
-        return [d for i, (a, b) in enumerate(zip(pad(ours), pad(theirs))) for d in diff(a, b, f"{path}[{i}]")]
+        return [d for i, (a, b) in enumerate(zip(pad(ours), pad(theirs), strict=True)) for d in diff(a, b, f"{path}[{i}]")]
     return [] if ours == theirs else [f"{path}: ours {brief(ours)}, theirs {brief(theirs)}"]
 
 
@@ -147,15 +148,15 @@ ROWS = [
     Row("chat logprobs", "/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 2}),
     Row("chat stream logprobs", "/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 2, "stream": True}),
     Row("chat cached", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Repeat after me: " + "slots " * 40}], "max_tokens": 4},
-        repeat=2, same=("usage.prompt_tokens", "usage.prompt_tokens_details.cached_tokens")),  # fmt: skip
+        repeat=2, same=("usage.prompt_tokens", "usage.prompt_tokens_details.cached_tokens")),
     Row("chat without /v1", "/chat/completions", CHAT),
     Row("chat eos", "/v1/chat/completions", {"messages": HELLO, "max_tokens": 64},
-        same=("choices[0].message.content", "choices[0].finish_reason", "usage.completion_tokens")),  # fmt: skip
+        same=("choices[0].message.content", "choices[0].finish_reason", "usage.completion_tokens")),
     # OpenAI text completion
     Row("completions", "/v1/completions", {"prompt": COUNT, "max_tokens": 8}, same=("choices[0].text",)),
     Row("completions stream", "/v1/completions", {"prompt": COUNT, "max_tokens": 8, "stream": True}),
     Row("completions stream usage", "/v1/completions",
-        {"prompt": COUNT, "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True}}),  # fmt: skip
+        {"prompt": COUNT, "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True}}),
     Row("completions logprobs", "/v1/completions", {"prompt": COUNT, "max_tokens": 4, "logprobs": 2}),
     # llama-server's own completion
     Row("completion", "/completion", {"prompt": COUNT, "n_predict": 8}, same=("content", "tokens_evaluated", "stop_type")),
@@ -166,10 +167,10 @@ ROWS = [
     # structured output
     Row("response_format json_schema", "/v1/chat/completions",
         {"messages": PERSON, "max_tokens": 24, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}},
-        same=JSON_ANSWER),  # fmt: skip
+        same=JSON_ANSWER),
     Row("json_schema", "/v1/chat/completions", {"messages": PERSON, "max_tokens": 24, "json_schema": SCHEMA}, same=JSON_ANSWER),
     Row("grammar", "/v1/chat/completions", {"messages": HELLO, "max_tokens": 8, "grammar": 'root ::= "yes" | "no"'},
-        same=("choices[0].message.content",)),  # fmt: skip
+        same=("choices[0].message.content",)),
     # tokens
     Row("tokenize", "/tokenize", {"content": "Hello world"}, same=("tokens",)),
     Row("tokenize with_pieces", "/tokenize", {"content": "Hello wörld", "with_pieces": True}, same=("tokens",)),
@@ -194,16 +195,16 @@ ROWS = [
     Row("max_tokens wrong type", "/v1/chat/completions", {**CHAT, "max_tokens": "x"}, same=ERROR),
     Row("unknown response_format", "/v1/chat/completions", {**CHAT, "response_format": {"type": "yaml"}}, same=ERROR),
     Row("prompt over context", "/v1/completions", {"prompt": "hello " * 2100, "max_tokens": 4},
-        same=(*ERROR, "error.n_prompt_tokens", "error.n_ctx")),  # fmt: skip
+        same=(*ERROR, "error.n_prompt_tokens", "error.n_ctx")),
     Row("prompt over context, streamed", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hello " * 2100}], "stream": True},
-        same=(*ERROR, "error.n_ctx")),  # fmt: skip
+        same=(*ERROR, "error.n_ctx")),
     Row("completion bad prompt", "/completion", {"prompt": 42}, same=ERROR),
     Row("completions missing prompt", "/v1/completions", {"max_tokens": 4}, same=ERROR),
     Row("unknown route", "/v1/nothing", {"x": 1}, same=(*ERROR, "error.message")),
     # after the generations: the slots have been used, the counters counted
     Row("slots", "/slots", view=lambda slots: [shape(s) for s in slots], common=("",)),
     Row("metrics", "/metrics", view=metrics_view),
-]
+]  # fmt: skip
 
 
 # --- what differs, and why (the ONE list) ------------------------------------------------
@@ -248,7 +249,7 @@ INTENDED: list[tuple[tuple[str, ...], str, str]] = [
      "llama-server's json::parse throws inside ex_wrapper, which answers 500; llmkit chooses the 4xx of a client error"),
     (("invalid JSON",), "values.error.*", "the same: code 400 and invalid_request_error against 500 and server_error"),
     *((("metrics",), f"body.{name}: ours true, theirs false", "llmkit's own counter (metrics.py: \"llmkit's own\")") for name in OWN_METRICS),
-]
+]  # fmt: skip
 
 
 def matches(pattern: str, difference: str) -> bool:
@@ -312,7 +313,7 @@ def keep_common(a: Any, b: Any) -> None:
         for k in a.keys() ^ b.keys():
             a.pop(k, None), b.pop(k, None)
     elif isinstance(a, list) and isinstance(b, list):
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=False):  # the common prefix
             keep_common(x, y)
 
 

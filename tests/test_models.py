@@ -14,7 +14,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from filehost import Route, file_route, redirect_route, send_body, serve_files
 
 from llmkit import models
 from llmkit.models import (
@@ -25,6 +24,8 @@ from llmkit.models import (
     download,
     resolve_model,
 )
+
+from filehost import Route, file_route, redirect_route, send_body, serve_files
 
 
 def truncated_route(path: Path) -> Route:
@@ -98,7 +99,7 @@ def test_resolve_model_argument_and_env(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert resolve_model() == copy.resolve()
     assert resolve_model(default_model) == default_model.resolve()  # the argument wins over the env
     monkeypatch.setenv("LLMKIT_MODEL", str(tmp_path / "missing.gguf"))
-    with pytest.raises(ModelFileError, match="model file not found: .*missing.gguf"):
+    with pytest.raises(ModelFileError, match=r"model file not found: .*missing\.gguf"):
         resolve_model()
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmkit.engine.request import Request, Status
 from llmkit.engine.prompt_cache import MIB, PromptCache
+from llmkit.engine.request import Request, Status
 from llmkit.engine.scheduler import build_batch, choose_slot, swaps_prompt
 from llmkit.engine.slot import Slot, common_prefix
 from llmkit.llama import Batch

@@ -11,12 +11,12 @@ import time
 import httpx
 import pytest
 
-from helpers import sse_events
-from filehost import file_route, redirect_route, serve_files
-
 from llmkit import launch, models
 from llmkit.sequential.app import create_app
 from llmkit.sequential.translator import Translator
+
+from filehost import file_route, redirect_route, serve_files
+from helpers import sse_events
 
 LONG_TEXT = " ".join(["The weather was lovely, so we walked along the river and talked about books."] * 6)
 
@@ -274,7 +274,7 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     import os
 
     return subprocess.run(
-        [sys.executable, "-m", "llmkit", *args], capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})}
+        [sys.executable, "-m", "llmkit", *args], capture_output=True, text=True, timeout=60, check=False, env={**os.environ, **(env or {})}
     )
 
 

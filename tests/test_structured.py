@@ -617,11 +617,11 @@ def test_compile_converts_checks_and_caches(model):
     assert isinstance(g, Grammar) and g == grammar.grammar_from_schema(PERSON)
     assert grammar.compile(grammar.Schema(json.loads(json.dumps(PERSON))), model) is g  # cached per schema text
     assert grammar.compile(grammar.Gbnf(str(g)), model) is g  # ... and per grammar text: one parse
-    with pytest.raises(grammar.GrammarError, match="^'response_format.schema': the schema cannot be converted"):
+    with pytest.raises(grammar.GrammarError, match=r"^'response_format\.schema': the schema cannot be converted"):
         grammar.compile(grammar.Schema({"type": "foo"}, field="response_format.schema"), model)
-    with pytest.raises(grammar.GrammarError, match="^'json_schema': strict is true but the grammar cannot enforce: [$].properties.n.multipleOf"):
+    with pytest.raises(grammar.GrammarError, match=r"^'json_schema': strict is true but the grammar cannot enforce: [$]\.properties\.n\.multipleOf"):
         grammar.compile(grammar.Schema({"properties": {"n": {"type": "number", "multipleOf": 2}}}, strict=True), model)
-    with pytest.raises(grammar.GrammarError, match="^the grammar does not parse"):
+    with pytest.raises(grammar.GrammarError, match=r"^the grammar does not parse"):
         grammar.compile(grammar.Gbnf('root ::= "a'), model)
     sampler = Sampler(model, SamplingParams(grammar=g))  # the slot's call: clones the parse, its own state
     try:

@@ -79,7 +79,7 @@ def test_no_package_index_gives_the_command_to_run(tmp_path, monkeypatch):
         source.root()
     message = str(error.value)
     assert "could not download the source of llama-cpp-python" in message
-    assert f"pip download --no-deps --no-binary=llama-cpp-python" in message and "LLMKIT_UPSTREAM_SDIST" in message
+    assert "pip download --no-deps --no-binary=llama-cpp-python" in message and "LLMKIT_UPSTREAM_SDIST" in message
     assert not (tmp_path / "data" / f"llama-cpp-python-{llama_cpp.__version__}").exists()
 
 
@@ -133,10 +133,10 @@ def test_a_symbol_can_be_cut_and_shows_its_own_line_numbers():
 
 
 def test_the_command_line_prints_a_definition_or_says_what_is_wrong():
-    found = subprocess.run([sys.executable, "-m", "llmkit", "upstream", "find", "server_queue::start_loop"], capture_output=True, text=True)
+    found = subprocess.run([sys.executable, "-m", "llmkit", "upstream", "find", "server_queue::start_loop"], capture_output=True, text=True, check=False)
     assert found.returncode == 0
     assert found.stdout.startswith("// server_queue::start_loop (function) — tools/server/server-queue.cpp:")
-    ambiguous = subprocess.run([sys.executable, "-m", "llmkit", "upstream", "find", "start_loop"], capture_output=True, text=True)
+    ambiguous = subprocess.run([sys.executable, "-m", "llmkit", "upstream", "find", "start_loop"], capture_output=True, text=True, check=False)
     assert ambiguous.returncode == 1 and "ambiguous" in ambiguous.stderr and not ambiguous.stdout
 
 

@@ -7,12 +7,12 @@ internet here). ``make test`` installs them; by hand: ``make browser``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import urllib.request
 
 import pytest
-
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -89,7 +89,7 @@ def test_page_shows_languages_and_models(page, sequential_server):
     model = Select(page.find_element(By.ID, "model"))
     assert [o.get_attribute("value") for o in model.options] == [m["name"] for m in catalog]
     assert model.first_selected_option.get_attribute("value") == selected[0]
-    for option, entry in zip(model.options, catalog):
+    for option, entry in zip(model.options, catalog, strict=True):
         assert option.text.startswith(f"{entry['name']} ({entry['params']})")
 
     errors = [e for e in page.get_log("browser") if e["level"] == "SEVERE"]
@@ -112,7 +112,7 @@ def test_typing_streams_a_translation(page):
     final = page.execute_script("return document.getElementById('output').textContent")
     seen = [s for s in samples if s != final] + [final]
     assert len(seen) >= 2, f"the output appeared in one piece: {samples!r}"
-    for shorter, longer in zip(seen, seen[1:]):
+    for shorter, longer in itertools.pairwise(seen):
         assert longer.startswith(shorter) and len(longer) > len(shorter), seen
 
 

@@ -50,7 +50,7 @@ class RawDecoder:
             n_past = [len(p) for p in self.prompts[:n]]
             t0, decode_s = time.perf_counter(), 0.0
             for _ in range(steps):
-                tokens = [s.sample(ctx, i) for s, i in zip(samplers, last)]
+                tokens = [s.sample(ctx, i) for s, i in zip(samplers, last, strict=True)]
                 batch.clear()
                 last = [batch.add(t, n_past[seq], seq, logits=True) for seq, t in enumerate(tokens)]
                 n_past = [p + 1 for p in n_past]

@@ -15,6 +15,7 @@ target, a line of ``judge``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -189,13 +190,14 @@ async def arrivals(server: Server, running: int, prompts: list[str], cfg: Config
 
         streams = [asyncio.create_task(server.translate(http, TEXTS[i % len(TEXTS)], cfg.max_tokens * 2, on_piece=watch(watched[i])))
                    for i in range(running)]  # fmt: skip
-        while min(map(len, watched)) < 8 and not any(s.done() for s in streams):  # every stream is generating
+        # every stream is generating (or one has ended): two conditions to poll, not one event to await
+        while min(map(len, watched)) < 8 and not any(s.done() for s in streams):  # noqa: ASYNC110
             await asyncio.sleep(0.005)
         t_burst = time.perf_counter()
         burst = await asyncio.gather(*(server.translate(http, text, 16) for text in prompts))
         t_read = max(s.t_first for s in burst)  # the last arrival's first token: the burst is read
         done = await asyncio.gather(*streams)
-    gaps = [b - a for times in watched for a, b in zip(times, times[1:]) if b > t_burst and a < t_read]
+    gaps = [b - a for times in watched for a, b in itertools.pairwise(times) if b > t_burst and a < t_read]
     tokens = sum(s.n_tokens for s in done + burst)
     ms = lambda q: 1e3 * float(np.percentile(gaps, q)) if gaps else None  # noqa: E731
     return {"server": server.name, "running": running, "arrivals": len(prompts),

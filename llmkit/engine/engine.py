@@ -34,6 +34,7 @@ from os import PathLike
 import numpy as np
 
 from llmkit import models
+from llmkit.engine.prompt_cache import PromptCache
 from llmkit.engine.request import (
     ContextSizeError,
     EngineError,
@@ -42,7 +43,6 @@ from llmkit.engine.request import (
     Timings,
     TokenLogprob,
 )
-from llmkit.engine.prompt_cache import PromptCache
 from llmkit.engine.scheduler import build_batch, choose_slot, swaps_prompt
 from llmkit.engine.slot import Slot
 from llmkit.llama import Batch, Context, DecodeError, KVCacheFullError, Model, SamplingParams
@@ -270,7 +270,7 @@ class Engine:
             try:  # outside the lock: building a grammar sampler can take a while
                 self.swap_prompt(slot, request)
                 slot.start(request, self.ctx, self.model)
-            except Exception as exc:  # a bad sampler (say, a grammar) fails this request alone
+            except Exception as exc:  # noqa: BLE001 -- a bad sampler (say, a grammar) fails this request alone
                 slot.release(self.ctx)
                 self._fail(request, exc)
             self.save_idle_slots()
@@ -369,7 +369,7 @@ class Engine:
             token = slot.tools.sampler.sample(self.ctx, slot.i_batch)
             n_probs = slot.request.n_probs
             return token, self._logprobs(slot.i_batch, token, n_probs) if n_probs else None
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- a sampler that fails ends its own request, not the engine
             self.finish(slot, None, EngineError(f"sampling failed: {exc}"))
             return None
 

@@ -20,8 +20,8 @@ import itertools
 import threading
 import time
 from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Iterator
 
 from llmkit.llama import SamplingParams
 

@@ -16,8 +16,9 @@ import json
 import logging
 import queue
 import threading
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator
+from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request
@@ -52,9 +53,9 @@ async def body_object(request: Request) -> dict:
     try:
         body = json.loads(await request.body())
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise BadRequest("Invalid JSON")
+        raise BadRequest("Invalid JSON") from None
     except RecursionError:  # Python's parser recurses once per level of [ or {
-        raise BadRequest("Invalid JSON: nested too deeply")
+        raise BadRequest("Invalid JSON: nested too deeply") from None
     if not isinstance(body, dict):
         raise BadRequest("'text' is required")
     return body
@@ -114,7 +115,7 @@ def create_app(translator: Translator) -> FastAPI:
     @app.exception_handler(Exception)
     async def crash(_: Request, exc: Exception) -> JSONResponse:
         # Starlette would answer 500 anyway and keep serving; we only give it a JSON body.
-        log.exception("handler failed")
+        log.error("handler failed", exc_info=exc)
         return error(str(exc) or type(exc).__name__, 500)
 
     @app.get("/health")
@@ -127,7 +128,7 @@ def create_app(translator: Translator) -> FastAPI:
         try:
             return {"translation": await run_in_threadpool(translator.translate, text, lang)}
         except PromptTooLong as exc:
-            raise BadRequest(str(exc))
+            raise BadRequest(str(exc)) from None
 
     @app.post("/translate/stream")
     async def translate_stream(request: Request) -> StreamingResponse:
@@ -183,7 +184,7 @@ def create_app(translator: Translator) -> FastAPI:
                 yield sse({"status": "loading"})
                 translator.swap_model(models.entry_path(entry))
                 yield sse({"status": "ready"})
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 -- any failure is told to the client in the stream
                 log.warning("model %s not selected: %s", entry.name, exc)
                 yield sse({"status": "error", "message": str(exc)})
 
@@ -203,7 +204,7 @@ def download_progress(entry: models.CatalogEntry) -> Iterator[int]:
     def run() -> None:
         try:
             models.download(entry, updates.put)
-        except BaseException as exc:  # re-raised in the caller below
+        except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller below
             failure.append(exc)
         finally:
             updates.put(None)

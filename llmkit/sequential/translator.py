@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from llmkit.engine.request import Timings  # llama-server's timings; cache_n stays 0 here
 from llmkit.llama import Batch, Context, Model, Sampler, SamplingParams

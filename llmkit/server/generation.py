@@ -24,7 +24,15 @@ from llmkit.engine import ContextSizeError, grammar
 from llmkit.llama import Model, SamplingParams
 from llmkit.server import sse
 from llmkit.server.errors import ApiError, off_loop
-from llmkit.server.protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest, NativeCompletionRequest, check_tokens, constraint_of, sampling_params
+from llmkit.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerationRequest,
+    NativeCompletionRequest,
+    check_tokens,
+    constraint_of,
+    sampling_params,
+)
 from llmkit.server.state import SYSTEM_FINGERPRINT, ServerState, State
 
 log = logging.getLogger("llmkit.server")

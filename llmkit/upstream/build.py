@@ -106,7 +106,7 @@ def tool(name: str) -> str:
 
 
 def _run(command: list[str], out, log: Path) -> None:
-    if subprocess.run(command, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
+    if subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=False).returncode != 0:
         raise UpstreamError(f"building llama-server failed at: {' '.join(command[:2])} ... (log: {log})\n{_tail(log)}")
 
 

@@ -311,9 +311,9 @@ def _fraction(a: str | None, a_exclusive: bool, b: str | None, b_exclusive: bool
                 same = b is not None and low == high
                 if (sub := digits(a[1:], b[1:] if same else None, n - 1, True)) is not None:
                     alts.append(f'"{low}" {sub}'.rstrip())
-            if b is not None and (a is None or high > low):  # the upper bound's digit: still tight on it
-                if (sub := digits(None, b[1:], n - 1, True)) is not None:
-                    alts.append(f'"{high}" {sub}'.rstrip())
+            # the upper bound's digit: still tight on it
+            if b is not None and (a is None or high > low) and (sub := digits(None, b[1:], n - 1, True)) is not None:
+                alts.append(f'"{high}" {sub}'.rstrip())
         if not alts:
             return "" if stop and may_stop(a, b) else None
         body = alts[0] if len(alts) == 1 else "(" + " | ".join(alts) + ")"
