@@ -1,11 +1,11 @@
 """``llmkit`` command line: serve | translate | bench | upstream.
 
-    llmkit serve sequential [--model PATH] [--host 127.0.0.1] [--port 8080]
-    llmkit serve slots      [-m PATH] [-c 8192] [-np 4] ...   (flags named like llama-server's)
-    llmkit translate "Hello" --to ja [--url http://127.0.0.1:8080]
-    llmkit bench [--url NAME=URL ...]
-    llmkit upstream find get_available_slot    # llama-server's C++ by name, with line numbers
-    llmkit upstream build                      # build llama-server from the same llama.cpp (once)
+llmkit serve sequential [--model PATH] [--host 127.0.0.1] [--port 8080]
+llmkit serve slots      [-m PATH] [-c 8192] [-np 4] ...   (flags named like llama-server's)
+llmkit translate "Hello" --to ja [--url http://127.0.0.1:8080]
+llmkit bench [--url NAME=URL ...]
+llmkit upstream find get_available_slot    # llama-server's C++ by name, with line numbers
+llmkit upstream build                      # build llama-server from the same llama.cpp (once)
 """
 
 from __future__ import annotations
@@ -41,24 +41,59 @@ def build_parser() -> argparse.ArgumentParser:
 
     slots = serve.add_parser("slots", help="the OpenAI-compatible slot server: continuous batching over -np slots")
     add_common_server_flags(slots)
-    slots.add_argument("-c", "--ctx-size", type=int, default=8192, help="TOTAL context in tokens (default 8192): shared by the slots on a unified KV cache, else split between them")
-    slots.add_argument("-np", "--parallel", type=int, default=-1,
-                       help="number of slots (default -1 = auto: 4 slots on a unified KV cache, as llama-server)")
-    slots.add_argument("-kvu", "--kv-unified", action=argparse.BooleanOptionalAction, default=None,
-                       help="one KV cache shared by all slots, each may use all of -c (default: on with -np auto, off with -np N); "
-                            "--no-kv-unified: a KV stream of -c / -np per slot")
-    slots.add_argument("--cache-ram", type=int, default=8192, metavar="MIB",
-                       help="host-RAM prompt cache size in MiB (default 8192, 0: off, -1: no limit)")
-    slots.add_argument("--cache-idle-slots", action=argparse.BooleanOptionalAction, default=True,
-                       help="copy idle slots to the prompt cache when a request starts (default on)")
-    slots.add_argument("--cache-reuse", type=int, default=0, metavar="N",
-                       help="move cached chunks of at least N tokens into place instead of reading them again (default 0: off)")
-    slots.add_argument("--context-shift", action=argparse.BooleanOptionalAction, default=False,
-                       help="when a generation fills its slot, drop tokens after n_keep and go on (default off)")
+    slots.add_argument(
+        "-c",
+        "--ctx-size",
+        type=int,
+        default=8192,
+        help="TOTAL context in tokens (default 8192): shared by the slots on a unified KV cache, else split between them",
+    )
+    slots.add_argument(
+        "-np",
+        "--parallel",
+        type=int,
+        default=-1,
+        help="number of slots (default -1 = auto: 4 slots on a unified KV cache, as llama-server)",
+    )
+    slots.add_argument(
+        "-kvu",
+        "--kv-unified",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="one KV cache shared by all slots, each may use all of -c (default: on with -np auto, off with -np N); "
+        "--no-kv-unified: a KV stream of -c / -np per slot",
+    )
+    slots.add_argument(
+        "--cache-ram", type=int, default=8192, metavar="MIB", help="host-RAM prompt cache size in MiB (default 8192, 0: off, -1: no limit)"
+    )
+    slots.add_argument(
+        "--cache-idle-slots",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="copy idle slots to the prompt cache when a request starts (default on)",
+    )
+    slots.add_argument(
+        "--cache-reuse",
+        type=int,
+        default=0,
+        metavar="N",
+        help="move cached chunks of at least N tokens into place instead of reading them again (default 0: off)",
+    )
+    slots.add_argument(
+        "--context-shift",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="when a generation fills its slot, drop tokens after n_keep and go on (default off)",
+    )
     slots.add_argument("-b", "--batch-size", type=int, default=2048, help="max tokens per llama_decode (default 2048)")
-    slots.add_argument("--step-tokens", type=int, default=DEFAULT_STEP_TOKENS, metavar="N",
-                       help=f"token budget of one engine step: running streams first, then prompt chunks, so a burst of "
-                            f"long prompts does not stall them (default {DEFAULT_STEP_TOKENS}; 0: up to -b, as llama-server)")
+    slots.add_argument(
+        "--step-tokens",
+        type=int,
+        default=DEFAULT_STEP_TOKENS,
+        metavar="N",
+        help=f"token budget of one engine step: running streams first, then prompt chunks, so a burst of "
+        f"long prompts does not stall them (default {DEFAULT_STEP_TOKENS}; 0: up to -b, as llama-server)",
+    )
     slots.add_argument("-n", "--n-predict", type=int, default=-1, help="default max tokens per request (-1: no limit)")
     slots.add_argument("--temp", type=float, default=0.8, help="default sampling temperature (default 0.8, 0 = greedy)")
     slots.add_argument("--alias", help="model name shown to clients (default: the GGUF file name)")
@@ -79,15 +114,28 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-t", "--threads", type=int, default=None, help="CPU threads of the servers started here and of the raw loop")
     b.add_argument("-m", "--model", help="GGUF file (default: the embedded SmolLM2-135M-Instruct)")
     b.add_argument("-o", "--out", default="bench-results", help="output folder (default bench-results/)")
-    b.add_argument("--skip", nargs="+", default=[], choices=["sequential", "slots", "no-budget", "llama-server", "raw", "prefix", "arrivals", "kv-cache"],
-                   help="leave out a server or a scenario (no-budget: the slot server with --step-tokens 0; llama-server: built from the pinned llama.cpp)")
-    b.add_argument("--arrivals", type=int, nargs="*", default=[1, 4], metavar="K",
-                   help="arrivals scenario: K streams running when long prompts arrive (default 1 4; none: skip)")
+    b.add_argument(
+        "--skip",
+        nargs="+",
+        default=[],
+        choices=["sequential", "slots", "no-budget", "llama-server", "raw", "prefix", "arrivals", "kv-cache"],
+        help="leave out a server or a scenario (no-budget: the slot server with --step-tokens 0; llama-server: built from the pinned llama.cpp)",
+    )
+    b.add_argument(
+        "--arrivals",
+        type=int,
+        nargs="*",
+        default=[1, 4],
+        metavar="K",
+        help="arrivals scenario: K streams running when long prompts arrive (default 1 4; none: skip)",
+    )
     b.add_argument("--ctx-per-slot", type=int, default=1024, help="slot server context per slot (default 1024)")
     b.add_argument("--prefix-tokens", type=int, default=800, help="shared prefix of the prefix-reuse scenario (default 800)")
     b.add_argument("--cache-prompt", action="store_true", help="let servers reuse cached prompts in the concurrency levels")
     b.add_argument("--soak", type=int, default=0, metavar="N", help="also N short requests to a 4 x 2048 slot server, RSS sampled")
-    b.add_argument("--rounds", type=int, default=1, metavar="R", help="run every level R times (servers in rotating order), report the median run")
+    b.add_argument(
+        "--rounds", type=int, default=1, metavar="R", help="run every level R times (servers in rotating order), report the median run"
+    )
 
     up = sub.add_parser("upstream", help="the llama.cpp that llmkit runs: llama-server's source and binary")
     actions = up.add_subparsers(dest="action", required=True)

@@ -168,7 +168,9 @@ def stream_translation(url: str, text: str, target_lang: str = "ja", *, on_piece
     return stream(f"{url}/translate/stream", {"text": text, "target_lang": target_lang}, translation_piece, on_piece=on_piece)
 
 
-def stream_chat(url: str, messages: list[dict], *, api_key: str | None = None, on_piece: OnPiece | None = None, **params: Any) -> StreamResult:
+def stream_chat(
+    url: str, messages: list[dict], *, api_key: str | None = None, on_piece: OnPiece | None = None, **params: Any
+) -> StreamResult:
     """POST /v1/chat/completions with stream=true on any OpenAI-compatible server."""
     body = {"model": "default", "messages": messages, "stream": True, "stream_options": {"include_usage": True}, **params}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None

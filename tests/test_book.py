@@ -129,6 +129,7 @@ def test_language_title_and_theme_labels(site):
     assert "前へ" in ja_chapter and "次へ" in ja_chapter, "ja theme labels (Previous/Next) are not Japanese"
     assert "この本を検索" in ja_chapter and "Search this book" not in ja_chapter
     assert "Search this book" in en_chapter
+
     # tooltips and labels: none left in English on the ja page but two ARIA landmark names that
     # sphinx-book-theme writes in English in its templates (sidebar "Main", page "Page")
     def labels(page: str) -> set[str]:

@@ -132,7 +132,9 @@ class AnyCounts:
 
 METRIC_NAMES = [*metrics.COUNTERS, *metrics.gauges(AnyCounts())]  # every name llmkit's /metrics writes
 # the names metrics.py lists under its "llmkit's own" comments: not llama-server's names
-OWN_METRICS = [name for part in inspect.getsource(metrics).split("# llmkit's own")[1:] for name in re.findall(r'"(\w+)":', part.split("}", 1)[0])]
+OWN_METRICS = [
+    name for part in inspect.getsource(metrics).split("# llmkit's own")[1:] for name in re.findall(r'"(\w+)":', part.split("}", 1)[0])
+]
 
 
 def metrics_view(text: str) -> dict:

@@ -268,9 +268,7 @@ def test_download_follows_redirect(tmp_path: Path, default_model: Path) -> None:
     assert leftovers(tmp_path) == [ENTRY.filename]
 
 
-def test_download_uses_env_settings_and_skips_when_present(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, default_model: Path
-) -> None:
+def test_download_uses_env_settings_and_skips_when_present(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, default_model: Path) -> None:
     dest = tmp_path / "models"
     monkeypatch.setenv("LLMKIT_MODELS_DIR", str(dest))
     with serve_files({RESOLVE_PATH: file_route(default_model)}) as base:

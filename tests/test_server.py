@@ -331,7 +331,9 @@ def test_bad_requests_are_400(server):
     assert_error(post(server, "/v1/completions", {"prompt": [1, 10**9]}), 400, "invalid_request_error", "'prompt'")
     assert_error(post(server, "/detokenize", {"tokens": [-1]}), 400, "invalid_request_error", "'tokens'")
     assert_error(post(server, "/v1/embeddings", {"input": ""}), 400, "invalid_request_error", "empty")
-    assert_error(post(server, "/v1/chat/completions", {"messages": HELLO, "grammar": "root ::= \"a"}), 400, "invalid_request_error", "grammar")
+    assert_error(
+        post(server, "/v1/chat/completions", {"messages": HELLO, "grammar": 'root ::= "a'}), 400, "invalid_request_error", "grammar"
+    )
 
 
 def test_prompt_longer_than_the_slot_context(server, client):

@@ -70,7 +70,10 @@ def test_chat_and_models_without_v1_answer_like_v1(server):
     v1, bare = post(server, "/v1/chat/completions", body).json(), post(server, "/chat/completions", body).json()
     assert bare["object"] == v1["object"] == "chat.completion"
     assert bare["choices"][0]["message"] == v1["choices"][0]["message"]
-    assert (bare["usage"]["prompt_tokens"], bare["usage"]["completion_tokens"]) == (v1["usage"]["prompt_tokens"], v1["usage"]["completion_tokens"])
+    assert (bare["usage"]["prompt_tokens"], bare["usage"]["completion_tokens"]) == (
+        v1["usage"]["prompt_tokens"],
+        v1["usage"]["completion_tokens"],
+    )
     models = [httpx.get(f"{server.url}{path}", timeout=10).json() for path in ("/v1/models", "/models")]
     assert [m["id"] for m in models[0]["data"]] == [m["id"] for m in models[1]["data"]]
     assert httpx.get(f"{server.url}/v1/health", timeout=10).json() == {"status": "ok"}
@@ -250,7 +253,7 @@ def test_completion_stream_stop_word(server):
         ({"prompt": "hi", "n_predict": "5"}, ["'n_predict'"]),
         ({"prompt": "hi", "id_slot": 2}, ["id_slot", "between 0 and 1"]),
         ({"prompt": "hi", "n_probs": 99}, ["'n_probs'"]),
-        ({"prompt": "hi", "grammar": "root ::= \"a", "stream": True}, ["grammar"]),
+        ({"prompt": "hi", "grammar": 'root ::= "a', "stream": True}, ["grammar"]),
     ],
 )
 def test_bad_input_is_400(server, body, words):

@@ -276,7 +276,11 @@ def test_llama_server_fields_json_schema_and_grammar(server):
     r = chat(server, {"messages": ask("Is the sky blue?"), "max_tokens": 8, "grammar": yes_no}).json()
     assert r["choices"][0]["message"]["content"] in ("yes.", "no.") and r["choices"][0]["finish_reason"] == "stop"
     for body in ({"grammar": yes_no}, {"json_schema": PERSON}):  # completions too
-        r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "Q: Is the sky blue?\nA:", "max_tokens": 64, "temperature": 0, **body}, timeout=120)
+        r = httpx.post(
+            f"{server.url}/v1/completions",
+            json={"prompt": "Q: Is the sky blue?\nA:", "max_tokens": 64, "temperature": 0, **body},
+            timeout=120,
+        )
         text = r.json()["choices"][0]["text"]
         assert text in ("yes.", "no.") if "grammar" in body else validator(PERSON).is_valid(json.loads(text)), text
 
@@ -374,7 +378,9 @@ def test_bad_structured_requests_are_400(server, body, fragments):
 def test_non_strict_schema_with_unenforced_keywords_is_served(server):
     """As llama-server: keywords the grammar cannot enforce are ignored unless strict is true."""
     schema = {"type": "object", "properties": {"n": {"type": "number", "multipleOf": 2}}, "required": ["n"]}
-    r = chat(server, {"messages": ask("Give an even number as JSON {\"n\": ...}."), "max_tokens": 40, "temperature": 0, "json_schema": schema})
+    r = chat(
+        server, {"messages": ask('Give an even number as JSON {"n": ...}.'), "max_tokens": 40, "temperature": 0, "json_schema": schema}
+    )
     assert r.status_code == 200 and isinstance(json.loads(r.json()["choices"][0]["message"]["content"])["n"], (int, float))
 
 
@@ -584,8 +590,10 @@ RANGED = {
     },
     "required": ["score", "probability", "celsius", "discount", "guests"],
 }
-ASK_RANGED = ask("Review a hotel as JSON: \"score\" out of 100, the \"probability\" that you return in percent, "
-                 "the \"celsius\" temperature of the pool in Fahrenheit, the \"discount\" in percent and the number of \"guests\".")
+ASK_RANGED = ask(
+    'Review a hotel as JSON: "score" out of 100, the "probability" that you return in percent, '
+    'the "celsius" temperature of the pool in Fahrenheit, the "discount" in percent and the number of "guests".'
+)
 
 
 def test_number_ranges_hold_in_answers(server):
@@ -619,7 +627,9 @@ def test_compile_converts_checks_and_caches(model):
     assert grammar.compile(grammar.Gbnf(str(g)), model) is g  # ... and per grammar text: one parse
     with pytest.raises(grammar.GrammarError, match=r"^'response_format\.schema': the schema cannot be converted"):
         grammar.compile(grammar.Schema({"type": "foo"}, field="response_format.schema"), model)
-    with pytest.raises(grammar.GrammarError, match=r"^'json_schema': strict is true but the grammar cannot enforce: [$]\.properties\.n\.multipleOf"):
+    with pytest.raises(
+        grammar.GrammarError, match=r"^'json_schema': strict is true but the grammar cannot enforce: [$]\.properties\.n\.multipleOf"
+    ):
         grammar.compile(grammar.Schema({"properties": {"n": {"type": "number", "multipleOf": 2}}}, strict=True), model)
     with pytest.raises(grammar.GrammarError, match=r"^the grammar does not parse"):
         grammar.compile(grammar.Gbnf('root ::= "a'), model)

@@ -133,10 +133,14 @@ def test_a_symbol_can_be_cut_and_shows_its_own_line_numbers():
 
 
 def test_the_command_line_prints_a_definition_or_says_what_is_wrong():
-    found = subprocess.run([sys.executable, "-m", "llmkit", "upstream", "find", "server_queue::start_loop"], capture_output=True, text=True, check=False)
+    found = subprocess.run(
+        [sys.executable, "-m", "llmkit", "upstream", "find", "server_queue::start_loop"], capture_output=True, text=True, check=False
+    )
     assert found.returncode == 0
     assert found.stdout.startswith("// server_queue::start_loop (function) — tools/server/server-queue.cpp:")
-    ambiguous = subprocess.run([sys.executable, "-m", "llmkit", "upstream", "find", "start_loop"], capture_output=True, text=True, check=False)
+    ambiguous = subprocess.run(
+        [sys.executable, "-m", "llmkit", "upstream", "find", "start_loop"], capture_output=True, text=True, check=False
+    )
     assert ambiguous.returncode == 1 and "ambiguous" in ambiguous.stderr and not ambiguous.stdout
 
 

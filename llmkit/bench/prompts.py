@@ -73,5 +73,7 @@ def edited_chat(model_path: str | None, n_tokens: int) -> tuple[list[dict], list
     with Model(models.resolve_model(model_path)) as model:
         while len(model.tokenize_chat(chat(first, facts))) < n_tokens:
             i = len(facts) + 1
-            facts.append(f"Fact {i}: ship {i} came in from port {i * 7 % 23} with {i * 13 % 97} crates of {['tea', 'salt', 'wool'][i % 3]}.")
+            facts.append(
+                f"Fact {i}: ship {i} came in from port {i * 7 % 23} with {i * 13 % 97} crates of {['tea', 'salt', 'wool'][i % 3]}."
+            )
     return chat(first, facts), chat("My name is Ana.", facts)

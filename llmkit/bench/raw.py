@@ -62,7 +62,9 @@ class RawDecoder:
             for s in samplers:
                 s.close()
         seconds = prefill_ms / 1e3 + step_s
-        row = Row(RAW, n, n * (steps + 1), seconds, n * (steps + 1) / seconds, prefill_ms, prefill_ms, steps / step_s, busy_slots_per_decode=n)
+        row = Row(
+            RAW, n, n * (steps + 1), seconds, n * (steps + 1) / seconds, prefill_ms, prefill_ms, steps / step_s, busy_slots_per_decode=n
+        )
         row.python_share = 1 - decode_s / step_s
         return row
 
@@ -70,4 +72,3 @@ class RawDecoder:
         self.batch.close()
         self.ctx.close()
         self.model.close()
-

@@ -36,7 +36,17 @@ def prefix_table(results: list[dict]) -> str:
 
 
 def arrivals_table(results: list[dict]) -> str:
-    head = ["server", "running", "arrivals", "gap p50 ms", "gap p99 ms", "gap max ms", "arrival TTFT median ms", "arrival TTFT max ms", "tok/s"]
+    head = [
+        "server",
+        "running",
+        "arrivals",
+        "gap p50 ms",
+        "gap p99 ms",
+        "gap max ms",
+        "arrival TTFT median ms",
+        "arrival TTFT max ms",
+        "tok/s",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         lines.append(f"| {r['server']} | {r['running']} | {r['arrivals']} | {fmt(r['gap_p50_ms'])} | {fmt(r['gap_p99_ms'])} | "
@@ -129,7 +139,12 @@ def judge(
     note = f" ({soaked['rss_first_mb']:.0f} -> {soaked['rss_last_mb']:.0f} MB, peak {soaked['rss_peak_mb']:.0f} MB)" if soaked else ""
     check(f"slots RSS does not grow over the soak (last / first <= {GROWTH_LIMIT})", r, lambda x: x <= GROWTH_LIMIT, f"{r or 0:.3f}", note)
     r = (soaked["rss_last_mb"] - soaked["rss_start_mb"]) / SOAK_CACHE_RAM_MIB if soaked else None
-    check(f"slots RSS growth over the soak <= --cache-ram ({SOAK_CACHE_RAM_MIB} MiB) + 10 %", r, lambda x: x <= 1.1, f"{r or 0:.2f}x --cache-ram")
+    check(
+        f"slots RSS growth over the soak <= --cache-ram ({SOAK_CACHE_RAM_MIB} MiB) + 10 %",
+        r,
+        lambda x: x <= 1.1,
+        f"{r or 0:.2f}x --cache-ram",
+    )
     k = next((c for c in caching if c["server"] == "slots"), None)
     r = k["cold_ms"] / k["ram_ms"] if k else None
     check(f"slots prompt cache: a ~{cfg.prefix_tokens}-token prefix from RAM on another slot, first token >= 10x faster than cold", r,
@@ -148,9 +163,19 @@ def judge(
         ours, plain, real = scene.get(("slots", k)), scene.get((NO_BUDGET, k)), scene.get(("llama-server", k))
         for other, limit in ((plain, "without it"), (real, "llama-server's")):
             r = ours["gap_max_ms"] / other["gap_max_ms"] if ours and other and other["gap_max_ms"] else None
-            check(f"burst with {k} running: worst gap between two tokens with the budget <= 0.25x {limit}", r, lambda x: x <= 0.25, f"{r or 0:.2f}x")
+            check(
+                f"burst with {k} running: worst gap between two tokens with the budget <= 0.25x {limit}",
+                r,
+                lambda x: x <= 0.25,
+                f"{r or 0:.2f}x",
+            )
         r = ours["arrival_ttft_median_ms"] / plain["arrival_ttft_median_ms"] if ours and plain else None
-        check(f"burst with {k} running: arrivals' median first token with the budget <= 1.5x without it", r, lambda x: x <= 1.5, f"{r or 0:.2f}x")
+        check(
+            f"burst with {k} running: arrivals' median first token with the budget <= 1.5x without it",
+            r,
+            lambda x: x <= 1.5,
+            f"{r or 0:.2f}x",
+        )
     others = [s for s in dict.fromkeys(r.server for r in rows) if s not in ("sequential", "slots", NO_BUDGET, RAW)]
     for other in others:  # for information: the production server(s) on the same prompts
         if slots and (o := at.get((other, n))):

@@ -151,6 +151,7 @@ async def kv_cache(server: OpenAIServer, prefix: str, history: list[dict], short
     in between); then ``history`` and the same chat with an early message ``shortened``: the share of
     the prompt read again."""
     async with http_client(1) as http:
+
         async def first_token(system: str, question: str) -> StreamResult:
             return await server.stream(http, server.request(question, 1, system=system))
 

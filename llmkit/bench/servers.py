@@ -43,7 +43,9 @@ class Server:
             raise BenchError(f"{self.name}: error in the stream: {result.error}")
         return result
 
-    async def translate(self, http: httpx.AsyncClient, text: str, max_tokens: int, *, cache_prompt: bool = True, **options: Any) -> StreamResult:
+    async def translate(
+        self, http: httpx.AsyncClient, text: str, max_tokens: int, *, cache_prompt: bool = True, **options: Any
+    ) -> StreamResult:
         """``stream`` of ``request(text, max_tokens)``."""
         return await self.stream(http, self.request(text, max_tokens, cache_prompt=cache_prompt), **options)
 

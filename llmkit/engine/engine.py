@@ -160,10 +160,7 @@ class Engine:
         self._owns_model = not isinstance(model, Model)
         self.model = Model(models.resolve_model(model)) if self._owns_model else model
         try:
-            self.ctx = Context(
-                self.model, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_parallel,
-                n_threads=n_threads, kv_unified=kv_unified,
-            )
+            self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_parallel, n_threads=n_threads, kv_unified=kv_unified)
         except BaseException:
             self._close_model()
             raise
@@ -399,7 +396,9 @@ class Engine:
         if text:
             slot.request.emit(slot.tools.take(text))
 
-    def finish(self, slot: Slot, reason: str | None, error: BaseException | None = None, *, keep_cache: bool = True, stop_type: str = "none") -> None:
+    def finish(
+        self, slot: Slot, reason: str | None, error: BaseException | None = None, *, keep_cache: bool = True, stop_type: str = "none"
+    ) -> None:
         """End the slot's request: flush held-back text, close its timings, free the slot."""
         request = slot.request
         request.stop_type, request.n_cached = stop_type, slot.n_past

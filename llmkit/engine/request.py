@@ -43,9 +43,7 @@ class ContextSizeError(ValueError):
     """The prompt does not fit a slot's context (llama-server: exceed_context_size_error)."""
 
     def __init__(self, n_prompt_tokens: int, n_ctx: int):
-        super().__init__(
-            f"request ({n_prompt_tokens} tokens) exceeds the available context size ({n_ctx} tokens)"
-        )
+        super().__init__(f"request ({n_prompt_tokens} tokens) exceeds the available context size ({n_ctx} tokens)")
         self.n_prompt_tokens = n_prompt_tokens
         self.n_ctx = n_ctx
 

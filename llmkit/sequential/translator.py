@@ -132,7 +132,10 @@ class Translator:
             self.last = Timings(prompt_n=len(prompt), prompt_ms=(t1 - t0) * 1e3, predicted_n=n_out, predicted_ms=(t2 - t1) * 1e3)
             log.info(
                 "prompt %d tokens in %.0f ms (cache cleared, 0 reused) | generated %d tokens in %.0f ms",
-                len(prompt), (t1 - t0) * 1e3, n_out, (t2 - t1) * 1e3,
+                len(prompt),
+                (t1 - t0) * 1e3,
+                n_out,
+                (t2 - t1) * 1e3,
             )
 
     def close(self) -> None:

@@ -1,11 +1,11 @@
 """The routes that tell about the server and its model, and the tokenizer's (~ llama-server's handlers in server-context.cpp).
 
-    GET  /health, /v1/health          {"status": "ok"} (503 while the model loads: ``middleware.Gate``)
-    GET  /v1/models, /models          the one loaded model (and /v1/models/{id})
-    GET  /props                       server settings and defaults
-    GET  /slots                       per-slot state (501 with --no-slots)
-    GET  /metrics                     Prometheus text (501 without --metrics)
-    POST /tokenize, /detokenize, /apply-template
+GET  /health, /v1/health          {"status": "ok"} (503 while the model loads: ``middleware.Gate``)
+GET  /v1/models, /models          the one loaded model (and /v1/models/{id})
+GET  /props                       server settings and defaults
+GET  /slots                       per-slot state (501 with --no-slots)
+GET  /metrics                     Prometheus text (501 without --metrics)
+POST /tokenize, /detokenize, /apply-template
 """
 
 from __future__ import annotations

@@ -130,9 +130,12 @@ class ChatCompletionRequest(GenerationRequest):
 
 class CompletionRequest(GenerationRequest):
     # a string, or (OpenAI) a token list, or a list holding one of those: n = 1 prompt only
-    prompt: str | list[int] | Annotated[list[str], Field(min_length=1, max_length=1)] | Annotated[
-        list[list[int]], Field(min_length=1, max_length=1)
-    ]
+    prompt: (
+        str
+        | list[int]
+        | Annotated[list[str], Field(min_length=1, max_length=1)]
+        | Annotated[list[list[int]], Field(min_length=1, max_length=1)]
+    )
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
 
     def n_top_logprobs(self) -> int | None:
@@ -254,7 +257,9 @@ def constraint_of(body: GenerationRequest) -> Constraint | None:
     if schema is None and gbnf is None:
         return None
     if body.ignore_eos:
-        raise ValueError("'ignore_eos' cannot be used with a grammar or a schema: once the output is complete, the end is the only token left")
+        raise ValueError(
+            "'ignore_eos' cannot be used with a grammar or a schema: once the output is complete, the end is the only token left"
+        )
     return Gbnf(gbnf) if gbnf is not None else Schema(schema, strict, field)
 
 

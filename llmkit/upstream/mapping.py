@@ -133,7 +133,7 @@ MAP: tuple[Counterpart, ...] = (
                 "prometheus_client writes the text (llama-server writes it by hand)"),
     Counterpart("llmkit.server.embeddings.Embedder", "server_context_impl::send_embedding", CONTEXT,
                 "a second, small context for embeddings instead of a slot in the main one"),
-)
+)  # fmt: skip
 
 
 def counterparts(llmkit_path: str) -> list[Counterpart]:

@@ -87,7 +87,7 @@ def unpack(sdist: Path, tree: Path) -> None:
     try:
         with tarfile.open(sdist) as tar:
             top = f"{PACKAGE.replace('-', '_')}-{version()}/"
-            members = [m for m in tar.getmembers() if m.name.startswith(top) and not _skipped(m.name[len(top):])]
+            members = [m for m in tar.getmembers() if m.name.startswith(top) and not _skipped(m.name[len(top) :])]
             if not members:
                 raise UpstreamError(f"{sdist} is not the source distribution of {PACKAGE} {version()}")
             tar.extractall(tmp, members, filter="data")

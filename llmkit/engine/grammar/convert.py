@@ -105,8 +105,11 @@ class _Converter(llama_grammar.SchemaConverter):
             low, high = number_bounds(schema)
             if low is not None or high is not None:
                 return self._add_rule(rule_name, f"({number_range(low, high)}) space")
-        if plain and kind == "string" and ("minLength" in schema or "maxLength" in schema) and not (
-            "pattern" in schema or schema.get("format") in FORMATS
+        if (
+            plain
+            and kind == "string"
+            and ("minLength" in schema or "maxLength" in schema)
+            and not ("pattern" in schema or schema.get("format") in FORMATS)
         ):
             lo, hi = _count(schema, "minLength") or 0, _count(schema, "maxLength")
             if hi is not None and hi < lo:

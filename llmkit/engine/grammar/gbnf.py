@@ -46,7 +46,9 @@ class _GbnfReader:
         line = self.src.count("\n", 0, at) + 1
         column = at - (self.src.rfind("\n", 0, at) + 1) + 1
         near = self.src[at : at + 20].split("\n")[0]
-        return GrammarError(f"the grammar does not parse (GBNF): {message} at line {line}, column {column}" + (f" (near {near!r})" if near else ""))
+        return GrammarError(
+            f"the grammar does not parse (GBNF): {message} at line {line}, column {column}" + (f" (near {near!r})" if near else "")
+        )
 
     def peek(self, k: int = 0) -> str:
         i = self.pos + k
@@ -311,7 +313,6 @@ def _check_left_recursion(rules: dict[str, list[list[str | None]]]) -> None:
                     f"the grammar is left-recursive: rule {shown!r} can come back to itself without "
                     "consuming any text (llama.cpp cannot run such a grammar; rewrite it with right recursion or *)"
                 )
-
 
 
 class _LlamaErrors(logging.Handler):

@@ -234,7 +234,9 @@ def number_range(lo: Bound | None, hi: Bound | None) -> str:
         if (magnitude := _magnitude(nonneg_lo, hi)) is not None:
             alts.append(magnitude)
     if not alts:
-        shown = " and ".join(f"{'exclusive ' if b.exclusive else ''}{side} {b.value}" for side, b in (("minimum", lo), ("maximum", hi)) if b)
+        shown = " and ".join(
+            f"{'exclusive ' if b.exclusive else ''}{side} {b.value}" for side, b in (("minimum", lo), ("maximum", hi)) if b
+        )
         raise GrammarError(f"no number (of at most {DIGITS} digits before the point) fits the {shown}")
     return " | ".join(alts)
 
