@@ -119,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=[],
         choices=["sequential", "slots", "no-budget", "llama-server", "raw", "prefix", "arrivals", "kv-cache"],
-        help="leave out a server or a scenario (no-budget: the slot server with --step-tokens 0; llama-server: built from the pinned llama.cpp)",
+        help="leave out a server or a scenario "
+        "(no-budget: the slot server with --step-tokens 0; llama-server: built from the pinned llama.cpp)",
     )
     b.add_argument(
         "--arrivals",

@@ -149,7 +149,8 @@ ROWS = [
     Row("chat stream usage", "/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"include_usage": True}}),
     Row("chat logprobs", "/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 2}),
     Row("chat stream logprobs", "/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 2, "stream": True}),
-    Row("chat cached", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Repeat after me: " + "slots " * 40}], "max_tokens": 4},
+    Row("chat cached", "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "Repeat after me: " + "slots " * 40}], "max_tokens": 4},
         repeat=2, same=("usage.prompt_tokens", "usage.prompt_tokens_details.cached_tokens")),
     Row("chat without /v1", "/chat/completions", CHAT),
     Row("chat eos", "/v1/chat/completions", {"messages": HELLO, "max_tokens": 64},
@@ -189,7 +190,8 @@ ROWS = [
     Row("models", "/models"),
     Row("health", "/health", same=("status",)),
     Row("v1/health", "/v1/health"),
-    Row("props", "/props", view=lambda props: shape({k: props.get(k, "absent") for k in PROPS}), common=("default_generation_settings.params",)),
+    Row("props", "/props", view=lambda props: shape({k: props.get(k, "absent") for k in PROPS}),
+        common=("default_generation_settings.params",)),
     # errors
     Row("invalid JSON", "/v1/chat/completions", b'{"messages": [', same=ERROR),
     Row("body not an object", "/v1/chat/completions", [1, 2], same=ERROR),
@@ -198,8 +200,8 @@ ROWS = [
     Row("unknown response_format", "/v1/chat/completions", {**CHAT, "response_format": {"type": "yaml"}}, same=ERROR),
     Row("prompt over context", "/v1/completions", {"prompt": "hello " * 2100, "max_tokens": 4},
         same=(*ERROR, "error.n_prompt_tokens", "error.n_ctx")),
-    Row("prompt over context, streamed", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hello " * 2100}], "stream": True},
-        same=(*ERROR, "error.n_ctx")),
+    Row("prompt over context, streamed", "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hello " * 2100}], "stream": True}, same=(*ERROR, "error.n_ctx")),
     Row("completion bad prompt", "/completion", {"prompt": 42}, same=ERROR),
     Row("completions missing prompt", "/v1/completions", {"max_tokens": 4}, same=ERROR),
     Row("unknown route", "/v1/nothing", {"x": 1}, same=(*ERROR, "error.message")),
@@ -222,13 +224,16 @@ INTENDED: list[tuple[tuple[str, ...], str, str]] = [
     (CHAT_ROWS, '*choices[0].logprobs: ours "null", theirs "absent"',
      "OpenAI's chat schema has logprobs: null in every choice; llama-server leaves the key out when it has none"),
     (("chat eos",), "values.usage.completion_tokens",
-     "llmkit counts the answer's tokens (as its sequential server, which notebook 03 compares); llama-server also counts the end token it sampled"),
+     "llmkit counts the answer's tokens (as its sequential server, which notebook 03 compares); "
+     "llama-server also counts the end token it sampled"),
     (("response_format json_schema", "json_schema"), "values.choices[0].message.content",
-     "llmkit's JSON grammar allows one optional space between tokens (llama-cpp-python's SPACE_RULE); llama.cpp's also newlines and indentation"),
+     "llmkit's JSON grammar allows one optional space between tokens (llama-cpp-python's SPACE_RULE); "
+     "llama.cpp's also newlines and indentation"),
     (("completions stream",), 'events[1].usage: ours "absent"',
      "llmkit follows OpenAI: usage only with stream_options.include_usage; llama-server's to_json_oaicompat puts it on every final chunk"),
     (("completions stream usage",), 'events[1].usage: ours "absent"',
-     "with include_usage llmkit sends OpenAI's usage chunk (choices: [], as llama-server does for chat), not usage on the finish_reason chunk"),
+     "with include_usage llmkit sends OpenAI's usage chunk (choices: [], as llama-server does for chat), "
+     "not usage on the finish_reason chunk"),
     (("completions stream usage",), 'events[1].timings: ours "absent"', "the same: timings ride on the last chunk, here the usage chunk"),
     (("completions stream usage",), 'events[2]: ours {*theirs "absent"', "the same: llmkit's separate usage chunk"),
     (("completions logprobs",), 'body.choices[0].logprobs.*theirs "absent"',
@@ -240,7 +245,8 @@ INTENDED: list[tuple[tuple[str, ...], str, str]] = [
       "completion stream n_probs", "completions without /v1", "response_format json_schema", "json_schema", "grammar"),
      '*timings.n_cache_reuse: ours "number", theirs "absent"',
      "llmkit's timings also say how many of cache_n were moved into place by --cache-reuse (llama-server counts them in cache_n only)"),
-    (("v1/models", "models"), 'body.models: ours "absent"', "llama-server adds an Ollama-style model list; llmkit answers OpenAI's list only"),
+    (("v1/models", "models"), 'body.models: ours "absent"',
+     "llama-server adds an Ollama-style model list; llmkit answers OpenAI's list only"),
     (("v1/models", "models"), 'body.data[0].*: ours "absent"',
      "llama-server's model object adds aliases, tags, meta.vocab_type and meta.ftype; llmkit's meta has the sizes only"),
     (("v1/embeddings, no --embeddings",), "status: ours 200, theirs 501",
@@ -250,7 +256,8 @@ INTENDED: list[tuple[tuple[str, ...], str, str]] = [
     (("invalid JSON",), "status: ours 400, theirs 500",
      "llama-server's json::parse throws inside ex_wrapper, which answers 500; llmkit chooses the 4xx of a client error"),
     (("invalid JSON",), "values.error.*", "the same: code 400 and invalid_request_error against 500 and server_error"),
-    *((("metrics",), f"body.{name}: ours true, theirs false", "llmkit's own counter (metrics.py: \"llmkit's own\")") for name in OWN_METRICS),
+    *((("metrics",), f"body.{name}: ours true, theirs false", "llmkit's own counter (metrics.py: \"llmkit's own\")")
+      for name in OWN_METRICS),
 ]  # fmt: skip
 
 

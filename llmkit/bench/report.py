@@ -50,7 +50,8 @@ def arrivals_table(results: list[dict]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         lines.append(f"| {r['server']} | {r['running']} | {r['arrivals']} | {fmt(r['gap_p50_ms'])} | {fmt(r['gap_p99_ms'])} | "
-                     f"{fmt(r['gap_max_ms'])} | {fmt(r['arrival_ttft_median_ms'])} | {fmt(r['arrival_ttft_max_ms'])} | {fmt(r['tokens_per_s'], '.1f')} |")  # fmt: skip
+                     f"{fmt(r['gap_max_ms'])} | {fmt(r['arrival_ttft_median_ms'])} | {fmt(r['arrival_ttft_max_ms'])} | "
+                     f"{fmt(r['tokens_per_s'], '.1f')} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -99,7 +100,8 @@ def kv_cache_table(results: list[dict]) -> str:
     for r in results:
         share = f"{100 * r['edited_read_share']:.0f} %" if r["edited_read_share"] is not None else "n/a"
         lines.append(f"| {r['server']} | {r['cold_ms']:.0f} ms | {r['same_slot_ms']:.0f} ms | {r['ram_ms']:.0f} ms "
-                     f"({r['ram_cached_tokens']} cached) | {r['cold_ms'] / r['ram_ms']:.1f}x | {share} of {r['chat_tokens']} |")  # fmt: skip
+                     f"({r['ram_cached_tokens']} cached) | {r['cold_ms'] / r['ram_ms']:.1f}x | "
+                     f"{share} of {r['chat_tokens']} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -154,7 +156,8 @@ def judge(
           f"{100 * (r or 0):.0f} %")  # fmt: skip
     if (real := next((c for c in caching if c["server"] == "llama-server"), None)) and k:
         out.append(("prompt cache and cache reuse, llama-server (same requests)",
-                    f"RAM {real['cold_ms'] / real['ram_ms']:.1f}x faster than cold; re-reads {100 * (real['edited_read_share'] or 0):.0f} %", "info"))  # fmt: skip
+                    f"RAM {real['cold_ms'] / real['ram_ms']:.1f}x faster than cold; "
+                    f"re-reads {100 * (real['edited_read_share'] or 0):.0f} %", "info"))  # fmt: skip
     nb = at.get((NO_BUDGET, n))
     r = slots.tokens_per_s / nb.tokens_per_s if slots and nb else None
     check(f"slots aggregate tok/s with the step budget >= 0.95x without it ({n} streams)", r, lambda x: x >= 0.95, f"{r or 0:.2f}x")

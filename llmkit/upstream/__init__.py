@@ -15,5 +15,7 @@ from llmkit.upstream.cpp import SideBySide, Symbol, count_lines, find, find_all,
 from llmkit.upstream.mapping import MAP, Counterpart, counterparts, llmkit_symbol
 from llmkit.upstream.source import UpstreamError, root, version
 
-__all__ = ["MAP", "Counterpart", "SideBySide", "Symbol", "UpstreamError", "count_lines", "counterparts", "find", "find_all", "llmkit_symbol", "side_by_side",
-           "root", "server_binary", "version"]  # fmt: skip
+__all__ = [
+    "MAP", "Counterpart", "SideBySide", "Symbol", "UpstreamError",
+    "count_lines", "counterparts", "find", "find_all", "llmkit_symbol", "side_by_side", "root", "server_binary", "version",
+]  # fmt: skip

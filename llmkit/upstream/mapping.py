@@ -43,7 +43,8 @@ MAP: tuple[Counterpart, ...] = (
     Counterpart("llmkit.engine.engine.Engine.admit", "server_context_impl::process_single_task", CONTEXT,
                 "only the completion case: a request with no idle slot stays in the deque (llama-server defers it)"),
     Counterpart("llmkit.engine.scheduler.choose_slot", "server_context_impl::get_available_slot", CONTEXT,
-                "same rules (id_slot, similarity > 0.1, least recently used); the prompt-cache update is swaps_prompt + Engine.swap_prompt"),
+                "same rules (id_slot, similarity > 0.1, least recently used); "
+                "the prompt-cache update is swaps_prompt + Engine.swap_prompt"),
     Counterpart("llmkit.engine.scheduler.swaps_prompt", "server_context_impl::get_available_slot", CONTEXT,
                 "its update_cache decision as a pure function (LRU, or similarity with f_keep < 0.5); also no without cache_prompt"),
     Counterpart("llmkit.engine.engine.Engine.swap_prompt", "server_context_impl::get_available_slot", CONTEXT,
@@ -168,8 +169,12 @@ def _constant(path: str) -> Symbol:
     module = importlib.import_module(module_path)
     file = Path(inspect.getsourcefile(module))
     text = file.read_text()
-    node = next(n for n in ast.parse(text).body if isinstance(n, (ast.Assign, ast.AnnAssign))
-                and name in [t.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)])  # fmt: skip
+    node = next(
+        n
+        for n in ast.parse(text).body
+        if isinstance(n, (ast.Assign, ast.AnnAssign))
+        and name in [t.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)]
+    )
     lines = "\n".join(text.splitlines()[node.lineno - 1 : node.end_lineno])
     relative = file.resolve().relative_to(Path(__file__).resolve().parents[2]).as_posix()
     return Symbol(path, "constant", relative, node.lineno, node.end_lineno, lines, language="python")
