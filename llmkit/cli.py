@@ -179,10 +179,18 @@ def serve_slots(args: argparse.Namespace) -> int:
     def load() -> Engine:
         try:
             return Engine(
-                path, n_parallel=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads,
-                kv_unified=args.kv_unified, step_tokens=args.step_tokens, cache_ram_mib=args.cache_ram,
-                cache_idle_slots=args.cache_idle_slots, cache_reuse=args.cache_reuse, context_shift=args.context_shift,
-            )  # fmt: skip
+                path,
+                n_parallel=args.parallel,
+                n_ctx=args.ctx_size,
+                n_batch=args.batch_size,
+                n_threads=args.threads,
+                kv_unified=args.kv_unified,
+                step_tokens=args.step_tokens,
+                cache_ram_mib=args.cache_ram,
+                cache_idle_slots=args.cache_idle_slots,
+                cache_reuse=args.cache_reuse,
+                context_shift=args.context_shift,
+            )
         except BaseException:
             server.should_exit = True  # llama-server exits when the model does not load: so do we
             raise

@@ -64,10 +64,18 @@ def chromium(profile: Path, *, window: str = "1200,800", extra: tuple[str, ...] 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for arg in (
-        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        f"--window-size={window}", f"--user-data-dir={profile}", *extra,
-    ):  # fmt: skip
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--window-size={window}",
+        f"--user-data-dir={profile}",
+        *extra,
+    ):
         options.add_argument(arg)
     for name, value in (capabilities or {}).items():
         options.set_capability(name, value)

@@ -89,8 +89,11 @@ def site(tmp_path_factory) -> Path:
     SOURCE["notebooks"] = source
     p = subprocess.run(
         [sys.executable, str(ROOT / "book" / "build.py"), "-W", "--out", str(out), "--notebooks", str(source)],
-        capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert p.returncode == 0, "the book build failed (warnings are errors):\n" + p.stdout[-4000:] + p.stderr[-4000:]
     return out / "html"
 

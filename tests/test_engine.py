@@ -74,8 +74,10 @@ def test_cache_prompt_false_evaluates_everything(engine):
 
 
 def test_two_system_prompts_keep_to_their_own_slots(engine):
-    systems = ["You are a pirate. Answer like a pirate would, with lots of arrr. " * 3,
-               "You are a formal butler. Answer politely and briefly, sir. " * 3]  # fmt: skip
+    systems = [
+        "You are a pirate. Answer like a pirate would, with lots of arrr. " * 3,
+        "You are a formal butler. Answer politely and briefly, sir. " * 3,
+    ]
     first = [engine.chat(chat("Hi", s), max_tokens=4, temperature=0) for s in systems]
     for r in first:
         r.result()

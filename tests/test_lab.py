@@ -19,8 +19,12 @@ def test_make_lab_serves_the_course_notebooks():
     port, token = free_port(), "llmkit-test"
     lab = subprocess.Popen(
         ["make", "-s", "lab", f"LAB_ARGS=--no-browser --port={port} --IdentityProvider.token={token}"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         contents, deadline = None, time.monotonic() + 90
         while contents is None and time.monotonic() < deadline:

@@ -104,9 +104,18 @@ def test_chat_stream_matches_whole_answer(client):
 def test_openai_sampling_fields_and_seed(client):
     def ask():
         return client.chat.completions.create(
-            model=ALIAS, messages=HELLO, temperature=1.0, seed=42, top_p=0.9, presence_penalty=0.5, frequency_penalty=0.5,
-            max_completion_tokens=6, response_format={"type": "text"}, stop=None, n=1,
-        )  # fmt: skip
+            model=ALIAS,
+            messages=HELLO,
+            temperature=1.0,
+            seed=42,
+            top_p=0.9,
+            presence_penalty=0.5,
+            frequency_penalty=0.5,
+            max_completion_tokens=6,
+            response_format={"type": "text"},
+            stop=None,
+            n=1,
+        )
 
     first, second = ask(), ask()
     assert first.choices[0].message.content == second.choices[0].message.content  # same seed, same text
@@ -154,8 +163,19 @@ def test_embeddings(client):
 
 
 def test_llama_server_fields(server):
-    body = {"messages": HELLO, "n_predict": 6, "ignore_eos": True, "top_k": 5, "min_p": 0.1, "repeat_penalty": 1.1,
-            "cache_prompt": False, "id_slot": 2, "temperature": None, "stop": None, "seed": None}  # fmt: skip
+    body = {
+        "messages": HELLO,
+        "n_predict": 6,
+        "ignore_eos": True,
+        "top_k": 5,
+        "min_p": 0.1,
+        "repeat_penalty": 1.1,
+        "cache_prompt": False,
+        "id_slot": 2,
+        "temperature": None,
+        "stop": None,
+        "seed": None,
+    }
     r = post(server, "/v1/chat/completions", body).json()
     assert r["usage"]["completion_tokens"] == 6 and r["choices"][0]["finish_reason"] == "length"
     assert r["timings"]["cache_n"] == 0  # cache_prompt false
@@ -195,8 +215,12 @@ def test_props_and_health(server):
 
 def test_stream_bytes(server):
     """role chunk, one chunk per piece (whole UTF-8 characters), final chunk, usage chunk, [DONE]."""
-    body = {"messages": [{"role": "user", "content": "Translate to Japanese: Good morning"}], "max_tokens": 16,
-            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "messages": [{"role": "user", "content": "Translate to Japanese: Good morning"}],
+        "max_tokens": 16,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=60) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         raw = r.read()

@@ -190,8 +190,12 @@ def test_a_lone_surrogate_in_a_message_is_a_400():
     with launch.serve_app(create_app(FakeEngine(), Settings(alias="fake"))) as url:
         ok = httpx.post(url + "/apply-template", json={"messages": [{"role": "user", "content": "Hi"}]})
         assert ok.status_code == 200 and ok.json() == {"prompt": "<user>Hi"}
-        r = httpx.post(url + "/apply-template", content=rb'{"messages": [{"role": "user", "content": "Hi \ud800"}]}',
-                       headers={"content-type": "application/json"})  # fmt: skip
+        r = httpx.post(
+            url + "/apply-template",
+            content=rb'{"messages": [{"role": "user", "content": "Hi \ud800"}]}',
+            headers={"content-type": "application/json"},
+        )
         assert r.status_code == 400
-        assert r.json() == {"error": {"code": 400, "message": "the text is not valid Unicode (it holds a lone surrogate)",
-                                      "type": "invalid_request_error"}}  # fmt: skip
+        assert r.json() == {
+            "error": {"code": 400, "message": "the text is not valid Unicode (it holds a lone surrogate)", "type": "invalid_request_error"}
+        }

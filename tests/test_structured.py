@@ -222,15 +222,20 @@ def test_constrained_outputs_always_validate(server):
         assert not errors, (r["name"], r["seed"], r["text"], errors)  # ... and validates
     for mode in ("greedy", "sampled"):
         part = [r for r in complete if (r["seed"] is None) == (mode == "greedy")]
-        print(f"\nconstrained, {mode}: {len(part)}/{len(part)} valid; cut by max_tokens: "
-              f"{sum((r['seed'] is None) == (mode == 'greedy') for r in cut)}")  # fmt: skip
+        print(
+            f"\nconstrained, {mode}: {len(part)}/{len(part)} valid; cut by max_tokens: "
+            f"{sum((r['seed'] is None) == (mode == 'greedy') for r in cut)}"
+        )
     print(f"constrained suite: {len(results)} requests in {elapsed:.0f} s; cut: {[(r['name'], r['seed']) for r in cut]}")
 
 
 # --- the request forms ------------------------------------------------------------------
 
-PERSON = {"type": "object", "properties": {"name": SHORT, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-          "required": ["name", "age"]}  # fmt: skip
+PERSON = {
+    "type": "object",
+    "properties": {"name": SHORT, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+    "required": ["name", "age"],
+}
 ASK_PERSON = ask("Describe a person as JSON with name and age.")
 
 
@@ -259,9 +264,12 @@ def test_openai_client_response_formats(client):
 
 def test_openai_client_parse_with_a_pydantic_model(client):
     r = client.chat.completions.parse(
-        model="any", messages=ask("Name one or two European capitals with their country and population, as JSON."),
-        max_tokens=200, temperature=0, response_format=Cities,
-    )  # fmt: skip
+        model="any",
+        messages=ask("Name one or two European capitals with their country and population, as JSON."),
+        max_tokens=200,
+        temperature=0,
+        response_format=Cities,
+    )
     (choice,) = r.choices
     assert choice.finish_reason == "stop"
     parsed = choice.message.parsed
@@ -288,13 +296,18 @@ def test_llama_server_fields_json_schema_and_grammar(server):
 def test_json_object_forms(server):
     """json_object: its own schema, else the top-level json_schema, else any object (llama-server's rules)."""
     kw = {"messages": ASK_PERSON, "max_tokens": 64, "temperature": 0}
-    for body in ({"response_format": {"type": "json_object", "schema": PERSON}},
-                 {"response_format": {"type": "json_object"}, "json_schema": PERSON},
-                 {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}}):  # fmt: skip
+    for body in (
+        {"response_format": {"type": "json_object", "schema": PERSON}},
+        {"response_format": {"type": "json_object"}, "json_schema": PERSON},
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}},
+    ):
         text = chat(server, kw | body).json()["choices"][0]["message"]["content"]
         validator(PERSON).validate(json.loads(text))
-    for body in ({"response_format": {"type": "json_object"}}, {"json_schema": {}},
-                 {"response_format": {"type": "json_schema", "json_schema": {"name": "any"}}}):  # fmt: skip
+    for body in (
+        {"response_format": {"type": "json_object"}},
+        {"json_schema": {}},
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "any"}}},
+    ):
         assert isinstance(json.loads(chat(server, kw | body).json()["choices"][0]["message"]["content"]), dict)
 
 

@@ -48,8 +48,9 @@ def fake_sdist(path: Path, version: str, files: dict[str, str]) -> Path:
 def test_a_local_source_distribution_is_unpacked_once_then_reused_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("LLMKIT_UPSTREAM_DIR", str(tmp_path / "data"))
     server_file = "vendor/llama.cpp/tools/server/server.cpp"
-    sdist = fake_sdist(tmp_path / "s.tar.gz", llama_cpp.__version__, {server_file: "int main() {}\n",
-                                                                       "vendor/llama.cpp/models/big.gguf": "x"})  # fmt: skip
+    sdist = fake_sdist(
+        tmp_path / "s.tar.gz", llama_cpp.__version__, {server_file: "int main() {}\n", "vendor/llama.cpp/models/big.gguf": "x"}
+    )
     monkeypatch.setenv("LLMKIT_UPSTREAM_SDIST", str(sdist))
     tree = source.root()
     assert (tree / "tools/server/server.cpp").read_text() == "int main() {}\n"
@@ -174,8 +175,11 @@ def test_a_missing_symbol_on_either_side_is_caught():
 def references(path: Path) -> list[str]:
     """The docstrings and comments of a module that speak of llama-server (by name or by a file of it)."""
     text = path.read_text()
-    docs = [ast.get_docstring(n) or "" for n in ast.walk(ast.parse(text))
-            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]  # fmt: skip
+    docs = [
+        ast.get_docstring(n) or ""
+        for n in ast.walk(ast.parse(text))
+        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
     comments = [t.string for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type == tokenize.COMMENT]
     return [unit for unit in docs + comments if re.search(r"llama-server|server[-\w]*\.(cpp|h)\b", unit)]
 

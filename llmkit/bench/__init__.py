@@ -121,8 +121,10 @@ def run(cfg: Config) -> Results:
     if prefix:
         parts.append(f"## Prefix reuse (~{cfg.prefix_tokens}-token shared prefix, first token only)\n\n" + report.prefix_table(prefix))
     if burst:
-        parts.append(f"## Arrivals ({cfg.arrival_prompts} prompts of ~{cfg.arrival_tokens} tokens at once while streams run)\n\n"
-                     + report.arrivals_table(burst))  # fmt: skip
+        parts.append(
+            f"## Arrivals ({cfg.arrival_prompts} prompts of ~{cfg.arrival_tokens} tokens at once while streams run)\n\n"
+            + report.arrivals_table(burst)
+        )
     if caching:
         parts.append(f"## KV cache beyond one slot (2 slots, --cache-reuse {CACHE_REUSE})\n\n" + report.kv_cache_table(caching))
     if soaked:
@@ -130,7 +132,14 @@ def run(cfg: Config) -> Results:
     parts.append("## Targets\n\n" + report.targets_table(targets))
     markdown = "\n\n".join(parts) + "\n"
     table_path.write_text(markdown)
-    data = {"config": {**asdict(cfg), "out": str(cfg.out), "skip": sorted(cfg.skip)}, "rows": [asdict(r) for r in rows],
-            "prefix": prefix, "arrivals": burst, "kv_cache": caching, "soak": soaked, "targets": targets}  # fmt: skip
+    data = {
+        "config": {**asdict(cfg), "out": str(cfg.out), "skip": sorted(cfg.skip)},
+        "rows": [asdict(r) for r in rows],
+        "prefix": prefix,
+        "arrivals": burst,
+        "kv_cache": caching,
+        "soak": soaked,
+        "targets": targets,
+    }
     (cfg.out / "results.json").write_text(json.dumps(data, indent=2))
     return Results(rows, prefix, soaked, targets, markdown, table_path, plot_path, burst, caching)

@@ -43,19 +43,25 @@ def made_up_text(model_path: str | None, n_tokens: int, first: str, line: Callab
 def long_text(model_path: str | None, n_tokens: int, tag: str) -> str:
     """About ``n_tokens`` tokens of a made-up harbour log, starting with ``tag`` (so no two prompts share a prefix)."""
     return made_up_text(
-        model_path, n_tokens, f"{tag}. The harbour log of the week.",
+        model_path,
+        n_tokens,
+        f"{tag}. The harbour log of the week.",
         lambda i: f"Ship {i} came in from port {i * 7 % 23} with {i * 13 % 97} crates of {['tea', 'salt', 'wool'][i % 3]}.",
-    )  # fmt: skip
+    )
 
 
 def long_system_prompt(model_path: str | None, n_tokens: int) -> str:
     """About ``n_tokens`` tokens of a made-up library catalogue, new to every run (a random tag first)."""
     return made_up_text(
-        model_path, n_tokens, f"Session {uuid.uuid4().hex[:12]}. You answer questions about the catalogue of the Harbour Library.",
-        lambda i: f"Item {i}: a {['blue', 'red', 'green', 'old'][i % 4]} book about {['ships', 'birds', 'maps', 'bread'][i % 3]}, "
-                  f"shelf {i * 7 % 31}, catalogued in {1900 + i}.",
+        model_path,
+        n_tokens,
+        f"Session {uuid.uuid4().hex[:12]}. You answer questions about the catalogue of the Harbour Library.",
+        lambda i: (
+            f"Item {i}: a {['blue', 'red', 'green', 'old'][i % 4]} book about {['ships', 'birds', 'maps', 'bread'][i % 3]}, "
+            f"shelf {i * 7 % 31}, catalogued in {1900 + i}."
+        ),
         sep="\n",
-    )  # fmt: skip
+    )
 
 
 def edited_chat(model_path: str | None, n_tokens: int) -> tuple[list[dict], list[dict]]:

@@ -72,9 +72,15 @@ async def one_level(http: httpx.AsyncClient, server: Server, n: int, cfg: Config
     ttfts = [ttft(s) * 1e3 for s in streams]
     rates = [(s.n_tokens - 1) / (s.t_done - s.t_first) for s in streams if s.times and s.n_tokens > 1 and s.t_done > s.t_first]
     row = Row(
-        server.name, n, tokens, seconds, tokens / seconds,
-        float(np.median(ttfts)), float(np.percentile(ttfts, 90)), float(np.median(rates)) if rates else None,
-    )  # fmt: skip
+        server.name,
+        n,
+        tokens,
+        seconds,
+        tokens / seconds,
+        float(np.median(ttfts)),
+        float(np.percentile(ttfts, 90)),
+        float(np.median(rates)) if rates else None,
+    )
     after = await server.scrape(http)
     if before is not None and after is not None:
         add_step_metrics(row, before, after)
@@ -165,10 +171,14 @@ async def kv_cache(server: OpenAIServer, prefix: str, history: list[dict], short
     timings = (edited.final or {}).get("timings") or {}
     n_prompt = timings.get("cache_n", 0) + timings.get("prompt_n", 0)
     return {
-        "server": server.name, "cold_ms": ttft(cold) * 1e3, "same_slot_ms": ttft(same_slot) * 1e3, "ram_ms": ttft(from_ram) * 1e3,
-        "ram_cached_tokens": from_ram.cached_tokens, "chat_tokens": n_prompt,
+        "server": server.name,
+        "cold_ms": ttft(cold) * 1e3,
+        "same_slot_ms": ttft(same_slot) * 1e3,
+        "ram_ms": ttft(from_ram) * 1e3,
+        "ram_cached_tokens": from_ram.cached_tokens,
+        "chat_tokens": n_prompt,
         "edited_read_share": timings.get("prompt_n", 0) / n_prompt if n_prompt else None,
-    }  # fmt: skip
+    }
 
 
 # --- arrivals: a burst of long prompts while streams run ---------------------------------------
@@ -189,8 +199,10 @@ async def arrivals(server: Server, running: int, prompts: list[str], cfg: Config
         def watch(times: list[float]):
             return lambda _piece: times.append(time.perf_counter())
 
-        streams = [asyncio.create_task(server.translate(http, TEXTS[i % len(TEXTS)], cfg.max_tokens * 2, on_piece=watch(watched[i])))
-                   for i in range(running)]  # fmt: skip
+        streams = [
+            asyncio.create_task(server.translate(http, TEXTS[i % len(TEXTS)], cfg.max_tokens * 2, on_piece=watch(watched[i])))
+            for i in range(running)
+        ]
         # every stream is generating (or one has ended): two conditions to poll, not one event to await
         while min(map(len, watched)) < 8 and not any(s.done() for s in streams):  # noqa: ASYNC110
             await asyncio.sleep(0.005)
@@ -201,11 +213,17 @@ async def arrivals(server: Server, running: int, prompts: list[str], cfg: Config
     gaps = [b - a for times in watched for a, b in itertools.pairwise(times) if b > t_burst and a < t_read]
     tokens = sum(s.n_tokens for s in done + burst)
     ms = lambda q: 1e3 * float(np.percentile(gaps, q)) if gaps else None  # noqa: E731
-    return {"server": server.name, "running": running, "arrivals": len(prompts),
-            "gap_p50_ms": ms(50), "gap_p99_ms": ms(99), "gap_max_ms": ms(100),
-            "arrival_ttft_median_ms": 1e3 * float(np.median([ttft(s) for s in burst])),
-            "arrival_ttft_max_ms": 1e3 * max(ttft(s) for s in burst),
-            "tokens_per_s": tokens / (max(s.t_done for s in done + burst) - t0)}  # fmt: skip
+    return {
+        "server": server.name,
+        "running": running,
+        "arrivals": len(prompts),
+        "gap_p50_ms": ms(50),
+        "gap_p99_ms": ms(99),
+        "gap_max_ms": ms(100),
+        "arrival_ttft_median_ms": 1e3 * float(np.median([ttft(s) for s in burst])),
+        "arrival_ttft_max_ms": 1e3 * max(ttft(s) for s in burst),
+        "tokens_per_s": tokens / (max(s.t_done for s in done + burst) - t0),
+    }
 
 
 # --- soak: memory over many requests ---------------------------------------------------------
@@ -245,7 +263,12 @@ async def soak(server: Server, cfg: Config, workers: int = 4) -> dict:
     bar.close()
     first, last = samples[1 if len(samples) > 2 else 0][1], samples[-1][1]
     return {
-        "server": server.name, "requests": cfg.soak, "samples": samples, "rss_start_mb": samples[0][1],
-        "rss_first_mb": first, "rss_last_mb": last, "rss_peak_mb": max(rss_mb(pid)[1], *(s[1] for s in samples)),
+        "server": server.name,
+        "requests": cfg.soak,
+        "samples": samples,
+        "rss_start_mb": samples[0][1],
+        "rss_first_mb": first,
+        "rss_last_mb": last,
+        "rss_peak_mb": max(rss_mb(pid)[1], *(s[1] for s in samples)),
         "growth": last / first,
-    }  # fmt: skip
+    }

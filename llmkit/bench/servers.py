@@ -84,9 +84,14 @@ class OpenAIServer(Server):
         if system is not None:
             messages.insert(0, {"role": "system", "content": system})
         body = {
-            "model": "default", "messages": messages, "stream": True, "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True, "stream_options": {"include_usage": True},
-        }  # fmt: skip
+            "model": "default",
+            "messages": messages,
+            "stream": True,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        }
         if not cache_prompt:
             body["cache_prompt"] = False
         return body

@@ -206,8 +206,8 @@ class Engine:
             raise ValueError(f"id_slot must be between 0 and {len(self.slots) - 1}")
         n_cache_reuse = self.cache_reuse if n_cache_reuse is None or not self.ctx.can_shift else n_cache_reuse
         request = Request(
-            prompt, params, cache_prompt=cache_prompt, id_slot=id_slot, n_probs=n_probs, n_keep=n_keep, n_cache_reuse=n_cache_reuse,
-        )  # fmt: skip
+            prompt, params, cache_prompt=cache_prompt, id_slot=id_slot, n_probs=n_probs, n_keep=n_keep, n_cache_reuse=n_cache_reuse
+        )
         request.on_cancel = self._wake
         with self._cond:
             if self._closing:

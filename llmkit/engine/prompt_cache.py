@@ -109,6 +109,12 @@ class PromptCache:
     def to_dict(self) -> dict:
         """State for ``/slots``, ``/props`` and ``/metrics``."""
         return {
-            "limit_bytes": self.limit_bytes, "bytes": self.size, "n_prompts": len(self.entries), "n_tokens": self.n_tokens,
-            "hits": self.hits, "misses": self.misses, "saves": self.saves, "evictions": self.evictions,
-        }  # fmt: skip
+            "limit_bytes": self.limit_bytes,
+            "bytes": self.size,
+            "n_prompts": len(self.entries),
+            "n_tokens": self.n_tokens,
+            "hits": self.hits,
+            "misses": self.misses,
+            "saves": self.saves,
+            "evictions": self.evictions,
+        }

@@ -177,8 +177,13 @@ class Slot:
     def to_dict(self) -> dict:
         """State for ``GET /slots``."""
         r = self.request  # read once: the engine thread may free the slot while an HTTP thread reads it
-        state = {"id": self.id, "n_ctx": self.n_ctx, "is_processing": r is not None, "n_cached": self.n_past,
-                 "n_restored_from_cache": self.n_restored}  # fmt: skip
+        state = {
+            "id": self.id,
+            "n_ctx": self.n_ctx,
+            "is_processing": r is not None,
+            "n_cached": self.n_past,
+            "n_restored_from_cache": self.n_restored,
+        }
         if r is not None:
             state.update(
                 id_task=r.id,

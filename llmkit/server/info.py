@@ -34,8 +34,14 @@ async def health() -> dict:
 def model_info(state: ServerState) -> dict:
     engine = state.engine
     m = engine.model
-    meta = {"n_vocab": m.n_vocab, "n_ctx": engine.n_ctx_slot, "n_ctx_train": m.n_ctx_train, "n_embd": m.n_embd,
-            "n_params": m.n_params(), "size": m.path.stat().st_size}  # fmt: skip
+    meta = {
+        "n_vocab": m.n_vocab,
+        "n_ctx": engine.n_ctx_slot,
+        "n_ctx_train": m.n_ctx_train,
+        "n_embd": m.n_embd,
+        "n_params": m.n_params(),
+        "size": m.path.stat().st_size,
+    }
     return {"id": state.model_name, "object": "model", "created": int(time.time()), "owned_by": "llamacpp", "meta": meta}
 
 

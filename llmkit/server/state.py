@@ -80,9 +80,16 @@ class ServingEngine(Protocol):
     def n_waiting(self) -> int: ...
 
     def submit(
-        self, prompt: list[int], params: SamplingParams, *, cache_prompt: bool = True, id_slot: int | None = None, n_probs: int = 0,
-        n_keep: int = 0, n_cache_reuse: int | None = None,
-    ) -> EngineRequest: ...  # fmt: skip
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        *,
+        cache_prompt: bool = True,
+        id_slot: int | None = None,
+        n_probs: int = 0,
+        n_keep: int = 0,
+        n_cache_reuse: int | None = None,
+    ) -> EngineRequest: ...
 
     def close(self) -> None: ...
 

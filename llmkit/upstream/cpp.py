@@ -87,8 +87,10 @@ def highlight(symbol: Symbol) -> str:
 
     lexer = CppLexer() if symbol.language == "cpp" else PythonLexer()
     formatter = HtmlFormatter(linenos="inline", linenostart=symbol.start, noclasses=True, style="default")
-    caption = (f"<div style='font-family:monospace;font-size:90%;color:#555'>{html.escape(symbol.name)} "
-               f"({symbol.kind}, {symbol.n_lines} lines) — {html.escape(symbol.where)}</div>")  # fmt: skip
+    caption = (
+        f"<div style='font-family:monospace;font-size:90%;color:#555'>{html.escape(symbol.name)} "
+        f"({symbol.kind}, {symbol.n_lines} lines) — {html.escape(symbol.where)}</div>"
+    )
     return caption + pygmentize(symbol.text, lexer, formatter)
 
 
