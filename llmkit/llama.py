@@ -143,7 +143,7 @@ class Model:
         """Render messages with the model's own template (GGUF ``tokenizer.chat_template``)."""
         if self._formatter is None:
             raise ValueError(f"model {self.name!r} has no chat template")
-        return self._formatter(messages=messages).prompt
+        return self._formatter(messages=messages).prompt  # type: ignore[arg-type]  # OpenAI-shaped dicts, not its TypedDicts
 
     def tokenize_chat(self, messages: list[dict]) -> list[int]:
         prompt = self.apply_chat_template(messages)
@@ -355,7 +355,7 @@ class GrammarSampler:
 
     def allows(self, token: int) -> bool:
         one = self._one
-        one[0].id, one[0].logit, one[0].p = token, 1.0, 0.0
+        one[0].id, one[0].logit, one[0].p = token, 1.0, 0.0  # type: ignore[assignment]  # ctypes fields take ints
         lc.llama_sampler_apply(self.handle, ctypes.byref(lc.llama_token_data_array(one, 1, -1, False)))
         return one[0].logit != float("-inf")
 
@@ -475,7 +475,7 @@ class Sampler:
         lc.llama_sampler_apply(self.handle, ctypes.byref(cur))
         if not 0 <= cur.selected < cur.size or cur.data[cur.selected].logit == float("-inf"):
             raise ValueError("no token is left to sample: the grammar and the sampling settings exclude them all")
-        return cur.data[cur.selected].id
+        return int(cur.data[cur.selected].id)
 
     def close(self) -> None:
         if self.grammar:

@@ -75,7 +75,7 @@ class Translator(w.VBox):
                 self.error = f"{type(exc).__name__}: {exc}"
             finally:
                 self.button.disabled = False
-            if self.error:
+            if self.error or result is None:
                 self._show(f"{self.text}\nError: {self.error}", "crimson")
                 self.status.value = f"error after {result.seconds:.2f} s" if result else "error"
             else:

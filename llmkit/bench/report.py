@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from llmkit.bench.config import NO_BUDGET, RAW, SOAK_CACHE_RAM_MIB, Config
@@ -106,7 +107,7 @@ def kv_cache_table(results: list[dict]) -> str:
 
 
 def judge(
-    rows: list[Row], prefix: list[dict], soaked: dict | None, cfg: Config, burst: list[dict] = (), caching: list[dict] = ()
+    rows: list[Row], prefix: list[dict], soaked: dict | None, cfg: Config, burst: Sequence[dict] = (), caching: Sequence[dict] = ()
 ) -> list[tuple[str, str, str]]:
     """The targets: (target, measured, PASS | FAIL | n/a | info), judged on ratios of numbers from this run."""
     n = max(cfg.concurrency)
@@ -128,7 +129,7 @@ def judge(
     r = slots.tokens_per_s / raw.tokens_per_s if slots and raw else None
     target = f"slots aggregate tok/s >= 90 % of raw batched decode, same prompts and tokens ({n} sequences)"
     note = ""
-    if slots and raw and slots.stream_tokens_per_s:  # the decode phase alone, prompts read
+    if slots and raw and slots.stream_tokens_per_s and raw.stream_tokens_per_s:  # the decode phase alone, prompts read
         note = f" (decode phase alone, per stream: {100 * slots.stream_tokens_per_s / raw.stream_tokens_per_s:.0f} %)"
     check(target, r, lambda x: x >= 0.9, f"{100 * (r or 0):.0f} %", note)
     target = f"Python share of slot-server step time < 5 % ({n} streams)"
@@ -147,14 +148,14 @@ def judge(
         lambda x: x <= 1.1,
         f"{r or 0:.2f}x --cache-ram",
     )
-    k = next((c for c in caching if c["server"] == "slots"), None)
-    r = k["cold_ms"] / k["ram_ms"] if k else None
+    kv = next((c for c in caching if c["server"] == "slots"), None)
+    r = kv["cold_ms"] / kv["ram_ms"] if kv else None
     check(f"slots prompt cache: a ~{cfg.prefix_tokens}-token prefix from RAM on another slot, first token >= 10x faster than cold", r,
           lambda x: x >= 10, f"{r or 0:.1f}x")  # fmt: skip
-    r = k["edited_read_share"] if k else None
+    r = kv["edited_read_share"] if kv else None
     check(f"slots cache reuse: an edited early message in a ~{cfg.chat_tokens}-token chat re-reads <= 15 % of it", r, lambda x: x <= 0.15,
           f"{100 * (r or 0):.0f} %")  # fmt: skip
-    if (real := next((c for c in caching if c["server"] == "llama-server"), None)) and k:
+    if (real := next((c for c in caching if c["server"] == "llama-server"), None)) and kv:
         out.append(("prompt cache and cache reuse, llama-server (same requests)",
                     f"RAM {real['cold_ms'] / real['ram_ms']:.1f}x faster than cold; "
                     f"re-reads {100 * (real['edited_read_share'] or 0):.0f} %", "info"))  # fmt: skip
@@ -164,8 +165,8 @@ def judge(
     scene = {(b["server"], b["running"]): b for b in burst}
     for k in cfg.arrivals:
         ours, plain, real = scene.get(("slots", k)), scene.get((NO_BUDGET, k)), scene.get(("llama-server", k))
-        for other, limit in ((plain, "without it"), (real, "llama-server's")):
-            r = ours["gap_max_ms"] / other["gap_max_ms"] if ours and other and other["gap_max_ms"] else None
+        for base, limit in ((plain, "without it"), (real, "llama-server's")):
+            r = ours["gap_max_ms"] / base["gap_max_ms"] if ours and base and base["gap_max_ms"] else None
             check(
                 f"burst with {k} running: worst gap between two tokens with the budget <= 0.25x {limit}",
                 r,
@@ -182,7 +183,8 @@ def judge(
     others = [s for s in dict.fromkeys(r.server for r in rows) if s not in ("sequential", "slots", NO_BUDGET, RAW)]
     for other in others:  # for information: the production server(s) on the same prompts
         if slots and (o := at.get((other, n))):
-            ratios = f"{slots.tokens_per_s / o.tokens_per_s:.2f}x, {slots.ttft_median_ms / o.ttft_median_ms:.2f}x"
+            ttft = f"{slots.ttft_median_ms / o.ttft_median_ms:.2f}x" if slots.ttft_median_ms and o.ttft_median_ms else "n/a"
+            ratios = f"{slots.tokens_per_s / o.tokens_per_s:.2f}x, {ttft}"
             out.append((f"slots / {other}: aggregate tok/s, median TTFT ({n} streams)", ratios, "info"))
     return out
 

@@ -135,7 +135,9 @@ async def prefix_reuse(server: Server, system: str, cfg: Config) -> dict:
     OpenAI servers: the prefix is a system prompt, each request a new short question.
     The sequential server: the long text itself, translated twice (it clears its cache).
     """
-    cold, warm, cached = [], [], []
+    cold: list[float] = []
+    warm: list[float] = []
+    cached: list[int] = []
     async with http_client(2) as http:
         for k in range(2):  # two prefixes (a new tag each): two cold and four warm requests
             prefix = system.replace("Session ", f"Session {k}-", 1)

@@ -9,7 +9,6 @@ whether it has ``/metrics`` to scrape.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -28,7 +27,11 @@ class Server:
     pid: int | None = None  # set for a server started here (the soak samples its memory)
 
     path: ClassVar[str]
-    piece_of: ClassVar[Callable[[Any], str | None]]
+
+    @staticmethod
+    def piece_of(data: Any, /) -> str | None:
+        """The text of one SSE event's JSON (``client.translation_piece`` or ``client.chat_piece``)."""
+        raise NotImplementedError
 
     def request(self, text: str, max_tokens: int, *, cache_prompt: bool = True) -> dict:
         """The JSON body of one streamed request that translates ``text``."""

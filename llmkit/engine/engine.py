@@ -158,7 +158,7 @@ class Engine:
             raise ValueError(f"step_tokens must be 0 (no budget) or at least 2 x n_parallel = {2 * n_parallel}, not {step_tokens}")
         self.step_tokens = step_tokens
         self._owns_model = not isinstance(model, Model)
-        self.model = Model(models.resolve_model(model)) if self._owns_model else model
+        self.model = model if isinstance(model, Model) else Model(models.resolve_model(model))
         try:
             self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_parallel, n_threads=n_threads, kv_unified=kv_unified)
         except BaseException:
@@ -283,7 +283,7 @@ class Engine:
     def save_idle_slots(self) -> None:
         """Copy every idle slot's prompt to RAM; on a unified KV cache, also free its cells for the
         busy slots (llama-server: --cache-idle-slots, in process_single_task)."""
-        if not self.cache_idle_slots:
+        if not self.cache_idle_slots or self.prompt_cache is None:  # (no prompt cache: cache_idle_slots is off)
             return
         for slot in self.slots:
             if slot.is_idle:
@@ -342,7 +342,7 @@ class Engine:
             except KVCacheFullError as exc:
                 if self.clear_idle_slot():
                     continue
-                error = exc
+                error: DecodeError = exc
             except DecodeError as exc:
                 error = exc
             for slot in in_batch:
@@ -408,7 +408,7 @@ class Engine:
         self.counters.record_finish(request.timings, ok=error is None)
         slot.release(self.ctx, keep_cache=keep_cache and error is None)
         if error is not None:
-            self._fail(request, error)
+            self._fail(request, error)  # type: ignore[arg-type]  # a busy slot's request (see pyproject.toml's mypy override)
         else:
             request.finish(reason)
 

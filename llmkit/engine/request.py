@@ -20,8 +20,9 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from llmkit.llama import SamplingParams
 
@@ -95,7 +96,7 @@ class Piece:
     logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
-_END = object()
+_END: Any = object()  # the end marker: travels in the queue of pieces, is never yielded
 
 
 class Request:
@@ -136,7 +137,7 @@ class Request:
 
         self._cancelled = threading.Event()
         self.on_cancel: Callable[[], None] | None = None  # set by the engine: wakes its loop
-        self._events: deque = deque()
+        self._events: deque[Piece] = deque()
         self._cond = threading.Condition()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
@@ -172,12 +173,12 @@ class Request:
         self.status = Status.DONE
         self._push(_END)
 
-    def _push(self, item: object) -> None:
+    def _push(self, item: Piece) -> None:
         with self._cond:
             self._events.append(item)
             self._cond.notify_all()
             loop, wake = self._loop, self._wake
-        if loop is not None:
+        if loop is not None and wake is not None:  # set together by __aiter__
             loop.call_soon_threadsafe(wake.set)
 
     # --- consumer side -----------------------------------------------------
@@ -201,7 +202,7 @@ class Request:
     def text(self) -> str:
         return "".join(self.text_parts)
 
-    def _take(self) -> object:
+    def _take(self) -> Piece:
         item = self._events.popleft()
         if item is _END:
             self._events.appendleft(_END)  # stay ended for any later reader
@@ -221,7 +222,7 @@ class Request:
         if self.error is not None:
             raise self.error
 
-    async def __aiter__(self) -> AsyncIterator[Piece]:
+    async def __aiter__(self) -> AsyncGenerator[Piece, None]:
         with self._cond:
             self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
         try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from llmkit.engine.request import Piece, Request, Status, TokenLogprob
 from llmkit.llama import Context, Model, Sampler
@@ -177,7 +177,7 @@ class Slot:
     def to_dict(self) -> dict:
         """State for ``GET /slots``."""
         r = self.request  # read once: the engine thread may free the slot while an HTTP thread reads it
-        state = {
+        state: dict[str, Any] = {
             "id": self.id,
             "n_ctx": self.n_ctx,
             "is_processing": r is not None,

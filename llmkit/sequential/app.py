@@ -16,7 +16,7 @@ import json
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +83,7 @@ async def translation_request(request: Request) -> tuple[str, str]:
     return text, lang
 
 
-async def iterate_in_thread(items: Iterator[Any]) -> AsyncIterator[Any]:
+async def iterate_in_thread(items: Generator[Any, None, None]) -> AsyncIterator[Any]:
     """Drive a blocking iterator from async code, one ``next()`` per worker-thread hop.
 
     Whatever ends the stream (the end, an error, or the client going away,
@@ -174,7 +174,7 @@ def create_app(translator: Translator) -> FastAPI:
             iterate_in_thread(select_events(entry)), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )
 
-    def select_events(entry: models.CatalogEntry) -> Iterator[str]:
+    def select_events(entry: models.CatalogEntry) -> Generator[str, None, None]:
         """Download (if needed) and load ``entry``, as a stream of status events."""
         with swap_lock:
             try:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 from llmkit.engine.request import Timings  # llama-server's timings; cache_n stays 0 here
@@ -82,7 +82,7 @@ class Translator:
     def translate(self, text: str, target_lang: str = "ja") -> str:
         return "".join(self.stream(text, target_lang))
 
-    def stream(self, text: str, target_lang: str = "ja") -> Iterator[str]:
+    def stream(self, text: str, target_lang: str = "ja") -> Generator[str, None, None]:
         """Yield the translation piece by piece; closing the iterator stops generation.
 
         The lock is held from the first ``next()`` until the generator ends

@@ -53,7 +53,7 @@ class Embedder:
     def embed(self, prompts: list[list[int]]) -> np.ndarray:
         """One unit-length vector per tokenized input, shape (len(prompts), n_embd)."""
         with self._lock:
-            if self._ctx is None:
+            if self._ctx is None or self._batch is None:  # (both or neither)
                 self._ctx = Context(self.model, n_ctx=self.n_ctx, n_batch=self.n_ctx, n_threads=self.n_threads, embeddings=True)
                 self._batch = Batch(self.n_ctx)
             vectors = np.empty((len(prompts), self.model.n_embd), dtype=np.float32)
@@ -69,7 +69,7 @@ class Embedder:
 
     def close(self) -> None:
         with self._lock:
-            if self._ctx is not None:
+            if self._ctx is not None and self._batch is not None:  # (both or neither)
                 self._batch.close()
                 self._ctx.close()
                 self._ctx = self._batch = None

@@ -14,11 +14,13 @@ prescribes; the sample lines keep the full names (``llamacpp:prompt_tokens_total
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from llmkit.engine import Engine
+if TYPE_CHECKING:  # state.py imports this module
+    from llmkit.server.state import ServingEngine
 
 PREFIX = "llamacpp:"
 
@@ -37,7 +39,7 @@ COUNTERS = {  # counter name -> its help text (the same words as llama-server's)
 }
 
 
-def gauges(engine: Engine) -> dict[str, tuple[str, float]]:
+def gauges(engine: ServingEngine) -> dict[str, tuple[str, float]]:
     c = engine.counters
 
     def rate(n: float, seconds: float) -> float:
@@ -72,7 +74,7 @@ PROMPT_CACHE_COUNTERS = {  # the host-RAM prompt cache's totals (--cache-ram), a
 class EngineCollector:
     """A prometheus_client collector over an engine (found through ``get_engine`` at each scrape)."""
 
-    def __init__(self, get_engine: Callable[[], Engine]):
+    def __init__(self, get_engine: Callable[[], ServingEngine]):
         self.get_engine = get_engine
 
     def collect(self) -> Iterator[Metric]:
@@ -87,7 +89,7 @@ class EngineCollector:
             yield CounterMetricFamily(f"{PREFIX}prompt_cache_{name}_total", help_text, value=cache.get(name, 0))
 
 
-def registry(get_engine: Callable[[], Engine]) -> CollectorRegistry:
+def registry(get_engine: Callable[[], ServingEngine]) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(EngineCollector(get_engine))
     return reg

@@ -53,7 +53,7 @@ class Gate:
     def authorized(self, headers: Headers) -> bool:
         key = headers.get("authorization") or headers.get("x-api-key") or ""
         key = key.removeprefix("Bearer ")
-        return hmac.compare_digest(key.encode(), self.api_key.encode())
+        return self.api_key is not None and hmac.compare_digest(key.encode(), self.api_key.encode())
 
     async def read_body(self, headers: Headers, receive: Receive) -> bytes:
         """The whole body, refused (413) as soon as it is known to be too big."""

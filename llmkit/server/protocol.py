@@ -143,7 +143,7 @@ class CompletionRequest(GenerationRequest):
 
     def single_prompt(self) -> str | list[int]:
         p = self.prompt
-        return p[0] if isinstance(p, list) and p and isinstance(p[0], (str, list)) else p
+        return p[0] if isinstance(p, list) and p and isinstance(p[0], (str, list)) else p  # type: ignore[return-value]  # mypy cannot narrow p[0]
 
 
 def _is_token(x: Any) -> bool:
@@ -197,7 +197,7 @@ class EmbeddingRequest(ApiModel):
 class NativeEmbeddingRequest(EmbeddingRequest):
     """llama-server's own ``/embedding``: the text in ``input`` or ``content``."""
 
-    input: str | Annotated[list[str], Field(min_length=1)] | None = None
+    input: str | Annotated[list[str], Field(min_length=1)] | None = None  # type: ignore[assignment]  # or in content
     content: str | Annotated[list[str], Field(min_length=1)] | None = None
 
     @model_validator(mode="after")
@@ -260,7 +260,7 @@ def constraint_of(body: GenerationRequest) -> Constraint | None:
         raise ValueError(
             "'ignore_eos' cannot be used with a grammar or a schema: once the output is complete, the end is the only token left"
         )
-    return Gbnf(gbnf) if gbnf is not None else Schema(schema, strict, field)
+    return Gbnf(gbnf) if gbnf is not None else Schema(schema, strict, field)  # type: ignore[arg-type]  # one of them is set
 
 
 def sampling_params(body: GenerationRequest, defaults: SamplingParams, grammar: Grammar | None = None) -> SamplingParams:
@@ -268,7 +268,7 @@ def sampling_params(body: GenerationRequest, defaults: SamplingParams, grammar: 
 
     ``grammar``: the request's constraint, compiled (``constraint_of`` says which, ``grammar.compile`` makes it).
     """
-    given = {
+    given: dict[str, Any] = {
         "max_tokens": next((n for n in (body.n_predict, body.max_completion_tokens, body.max_tokens) if n is not None), None),
         "temperature": body.temperature,
         "top_k": body.top_k,

@@ -29,6 +29,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from llmkit.engine import Request
 from llmkit.engine.request import Piece, TokenLogprob
@@ -108,6 +109,7 @@ class Formatter:
         }
 
     def _choice(self, text: str | None, finish_reason: str | None, lp: dict | None, *, chunk: bool) -> dict:
+        body: dict[str, Any]
         if not self.chat:
             body = {"text": text or ""}
         elif chunk:

@@ -113,6 +113,7 @@ def _run(command: list[str], out, log: Path) -> None:
 def _run_steps(command: list[str], out, log: Path) -> Iterator[tuple[int, int]]:
     """Run the build, echoing its output to the log; yield ninja's ``[done/total]`` as it goes."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert process.stdout is not None  # stdout=PIPE
     for line in process.stdout:
         out.write(line)
         if m := re.match(r"\[(\d+)/(\d+)\]", line):

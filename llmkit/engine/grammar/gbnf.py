@@ -72,7 +72,7 @@ class _GbnfReader:
             raise self.fail("expecting a rule name")
         return self.src[start : self.pos]
 
-    def int(self) -> int:
+    def integer(self) -> int:
         start = self.pos
         while self.peek() and self.peek() in "0123456789":
             self.pos += 1
@@ -206,14 +206,14 @@ class _GbnfReader:
                 self.pos += 1
                 if c == "{":
                     self.space(nested)
-                    lo = self.int()
+                    lo = self.integer()
                     self.space(nested)
                     if self.peek() == "}":
                         hi: int | None = lo
                     elif self.peek() == ",":
                         self.pos += 1
                         self.space(nested)
-                        hi = self.int() if self.peek().isdigit() else None
+                        hi = self.integer() if self.peek().isdigit() else None
                         self.space(nested)
                         if self.peek() != "}":
                             raise self.fail("expecting '}'")

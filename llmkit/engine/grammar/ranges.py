@@ -255,7 +255,7 @@ def _magnitude(lo: Bound, hi: Bound | None) -> str | None:
         return None
     if hi is not None and _split(hi.value)[0] >= top:
         hi = None  # beyond every number the grammar writes
-    alts = []
+    alts: list[str | None] = []  # None: that part holds no number
     if hi is None:
         alts.append(f"({int_range(lo_int + 1, None)}) {ANY_FRACTION}")
         alts.append(_with_fraction(lo_int, _fraction(lo_frac, lo.exclusive, None, False)))
@@ -268,8 +268,8 @@ def _magnitude(lo: Bound, hi: Bound | None) -> str | None:
                 alts.append(f"({int_range(lo_int + 1, hi_int - 1)}) {ANY_FRACTION}")
             alts.append(_with_fraction(lo_int, _fraction(lo_frac, lo.exclusive, None, False)))
             alts.append(_with_fraction(hi_int, _fraction(None, False, hi_frac, hi.exclusive)))
-    alts = [a for a in alts if a is not None]
-    return " | ".join(alts) if alts else None
+    kept = [a for a in alts if a is not None]
+    return " | ".join(kept) if kept else None
 
 
 def _with_fraction(integer: int, fraction: str | None) -> str | None:
@@ -309,10 +309,10 @@ def _fraction(a: str | None, a_exclusive: bool, b: str | None, b_exclusive: bool
             if free_low <= free_high:  # passes the tight bounds: the rest is free
                 rest = f" [0-9]{{0,{n - 1}}}" if n > 1 else ""
                 alts.append(f"[{free_low}-{free_high}]{rest}" if free_low < free_high else f"[{free_low}]{rest}")
-            if a is not None and low <= high:  # the lower bound's digit: still tight on it
-                same = b is not None and low == high
-                if (sub := digits(a[1:], b[1:] if same else None, n - 1, True)) is not None:
-                    alts.append(f'"{low}" {sub}'.rstrip())
+            # the lower bound's digit: still tight on it
+            tight_b = b[1:] if b is not None and low == high else None
+            if a is not None and low <= high and (sub := digits(a[1:], tight_b, n - 1, True)) is not None:
+                alts.append(f'"{low}" {sub}'.rstrip())
             # the upper bound's digit: still tight on it
             if b is not None and (a is None or high > low) and (sub := digits(None, b[1:], n - 1, True)) is not None:
                 alts.append(f'"{high}" {sub}'.rstrip())
