@@ -13,6 +13,7 @@ help:
 	@echo "make lab     set everything up, then open the course notebooks in JupyterLab"
 	@echo "make test    set everything up, then run every test (unit, servers, browser, notebooks)"
 	@echo "make test-fast   the model-free tests only, in seconds (the inner loop)"
+	@echo "make lint    ruff (lint + format check) and mypy: the gates make test runs first"
 	@echo "make bench   side-by-side benchmark of the servers (writes bench-results/)"
 	@echo "make llama-server   build the real llama-server from the same llama.cpp (once, ~12 min; make test does it)"
 	@echo "make serve-sequential | serve-slots   run a server on port $(PORT)"
@@ -47,7 +48,14 @@ browser:
 llama-server: $(INSTALLED)
 	@$(PY) -m llmkit upstream build
 
-test: $(INSTALLED) browser llama-server
+# The gates, first in make test (configured in pyproject.toml): lint, formatting (check only: `ruff format` applies
+# it), types.
+lint: $(INSTALLED)
+	$(VENV)/bin/ruff check
+	$(VENV)/bin/ruff format --check
+	$(VENV)/bin/mypy
+
+test: $(INSTALLED) lint browser llama-server
 	$(PY) -m pytest tests notebooks/en notebooks/ja --nbval-lax -p no:cacheprovider $(PYTEST_ARGS)
 
 # The inner loop: model-free tests only (seconds); make test still runs everything.
@@ -76,4 +84,4 @@ book: $(INSTALLED)
 clean:
 	rm -rf $(VENV) build *.egg-info bench-results book/_build
 
-.PHONY: help install browser llama-server test test-fast lab bench serve-sequential serve-slots book clean
+.PHONY: help install browser llama-server lint test test-fast lab bench serve-sequential serve-slots book clean
