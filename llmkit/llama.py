@@ -132,7 +132,10 @@ class Model:
         template = self.meta("tokenizer.chat_template")
         if not template:
             return None
-        text = lambda tok: self.token_to_piece(tok, special=True).decode("utf-8", "replace") if tok >= 0 else ""  # noqa: E731
+
+        def text(tok: int) -> str:
+            return self.token_to_piece(tok, special=True).decode("utf-8", "replace") if tok >= 0 else ""
+
         return Jinja2ChatFormatter(
             template=template,
             eos_token=text(lc.llama_vocab_eos(self.vocab)),

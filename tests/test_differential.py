@@ -77,7 +77,10 @@ def diff(ours: Any, theirs: Any, path: str = "") -> list[str]:
         return [d for k in keys for d in diff(ours.get(k, ABSENT), theirs.get(k, ABSENT), f"{path}.{k}" if path else k)]
     if isinstance(ours, list) and isinstance(theirs, list) and ours and theirs:
         n = max(len(ours), len(theirs))
-        pad = lambda x: x + [ABSENT] * (n - len(x))  # noqa: E731
+
+        def pad(x: list) -> list:
+            return x + [ABSENT] * (n - len(x))
+
         return [d for i, (a, b) in enumerate(zip(pad(ours), pad(theirs), strict=True)) for d in diff(a, b, f"{path}[{i}]")]
     return [] if ours == theirs else [f"{path}: ours {brief(ours)}, theirs {brief(theirs)}"]
 

@@ -214,7 +214,10 @@ async def arrivals(server: Server, running: int, prompts: list[str], cfg: Config
         done = await asyncio.gather(*streams)
     gaps = [b - a for times in watched for a, b in itertools.pairwise(times) if b > t_burst and a < t_read]
     tokens = sum(s.n_tokens for s in done + burst)
-    ms = lambda q: 1e3 * float(np.percentile(gaps, q)) if gaps else None  # noqa: E731
+
+    def ms(q: float) -> float | None:
+        return 1e3 * float(np.percentile(gaps, q)) if gaps else None
+
     return {
         "server": server.name,
         "running": running,
