@@ -119,8 +119,9 @@ class Engine:
     ``n_parallel=-1`` (auto) means 4 slots on a unified KV cache: each slot may
     use all of ``n_ctx``, and idle slots are cleared when it runs out. An explicit
     ``n_parallel`` gives each slot ``n_ctx // n_parallel`` tokens in its own KV
-    stream (``kv_unified=False``), which keeps a request's greedy output the same
-    whether or not it shares the batch (measured: see the concurrency chapter).
+    stream (``kv_unified=False``). (Greedy outputs alone and batched: the same in
+    the concurrency chapter's measurement, but where two tokens are nearly tied
+    the batch's shape can still tip the choice: see the README.)
 
     ``step_tokens`` is the token budget of one step (``scheduler.build_batch``):
     running streams first, then prompt chunks. 0 puts up to ``n_batch`` prompt
