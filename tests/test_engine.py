@@ -115,13 +115,15 @@ def test_cancel_frees_the_slot_within_a_second(engine):
 def test_cancel_while_waiting_in_the_queue(engine):
     blockers = [engine.complete("Tell me a story", max_tokens=64, temperature=0, ignore_eos=True) for _ in range(4)]
     queued = engine.complete("Never runs", max_tokens=8)
-    time.sleep(0.2)
+    wait_until(lambda: engine.n_busy == 4, timeout=30)
     assert queued.status.value == "waiting"
     queued.cancel()
+    wait_until(lambda: queued.done, timeout=10)
+    assert queued.finish_reason == "cancelled" and queued.output == [] and queued.slot_id is None
+    assert not all(b.done for b in blockers)  # it left the queue at once, not when a slot came free
     for b in blockers:
         b.result()
     wait_idle(engine)
-    assert queued.finish_reason == "cancelled" and queued.output == []
 
 
 def test_prompt_longer_than_the_slot_is_refused(engine):

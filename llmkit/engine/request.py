@@ -115,13 +115,13 @@ class Request:
         self.prompt = prompt
         self.params = params or SamplingParams()
         self.cache_prompt = cache_prompt
-        self.id_slot = id_slot
+        self.id_slot = id_slot  # the slot asked for, if any (llama-server: task.id_slot)
         self.n_probs = n_probs  # > 0: report logprobs with this many alternatives
         self.n_keep = n_keep  # context shift keeps this many prompt tokens (-1: the whole prompt)
         self.n_cache_reuse = n_cache_reuse  # > 0: move cached chunks of at least this many tokens into place
 
         self.status = Status.WAITING
-        self.slot_id: int | None = None
+        self.slot_id: int | None = None  # the slot it got (llama-server: slot.id)
         self.output: list[int] = []
         self.text_parts: list[str] = []
         self.finish_reason: str | None = None  # "stop" | "length" | "cancelled"
