@@ -65,11 +65,20 @@ def long_system_prompt(model_path: str | None, n_tokens: int) -> str:
 
 
 def edited_chat(model_path: str | None, n_tokens: int) -> tuple[list[dict], list[dict]]:
-    """A chat of about ``n_tokens`` tokens, and the same chat with its first message shortened (cache reuse)."""
+    """A chat of about ``n_tokens`` tokens, and the same chat with its first message shortened (cache reuse).
+
+    It opens with a system prompt of a fifth of it: so the edited chat still shares over 10 % with the
+    cached one and goes back to the same slot (llama-server's similarity rule); moved chunks never
+    cross slots, in llama-server as here.
+    """
     from llmkit.llama import Model
 
+    system = made_up_text(
+        model_path, n_tokens // 5, "You keep the harbour's log.", lambda i: f"Rule {i}: write ship {i}'s cargo in the ledger."
+    )
+
     def chat(first: str, facts: list[str]) -> list[dict]:
-        turns = [{"role": "user", "content": first}]
+        turns = [{"role": "system", "content": system}, {"role": "user", "content": first}]
         for fact in facts:
             turns += [{"role": "assistant", "content": "Noted."}, {"role": "user", "content": fact}]
         return turns

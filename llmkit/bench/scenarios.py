@@ -249,6 +249,8 @@ async def soak(server: Server, cfg: Config, workers: int = 4) -> dict:
     """``cfg.soak`` short streamed requests from ``workers`` clients; RSS every ``soak_every`` requests."""
     assert server.pid is not None, "the soak samples the memory of a server started here"
     pid = server.pid
+    async with http_client(1) as http:  # warm-up: the first request's one-time allocations are not growth
+        await server.translate(http, "Warm-up.", 8)
     samples = [(0, rss_mb(pid)[0])]
     done, next_id = 0, 0
     bar = tqdm(total=cfg.soak, desc=f"soak {server.name}", unit="req", leave=False)
