@@ -34,7 +34,14 @@ def serve_files(routes: Mapping[str, Route], log: list[str] | None = None) -> It
         def log_message(self, *args: object) -> None:  # keep pytest output clean
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    with serve_handler(Handler) as url:
+        yield url
+
+
+@contextmanager
+def serve_handler(handler: Callable[..., BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Run ``handler`` in a threading HTTP server on 127.0.0.1:<free port>; yield the base URL (no trailing slash)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

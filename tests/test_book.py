@@ -22,12 +22,12 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
 import pytest
 
+from filehost import serve_handler
 from helpers import chromium
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -235,15 +235,8 @@ def test_outputs_and_figures_are_embedded(site):
 @pytest.fixture(scope="module")
 def server(site):
     """The site over HTTP on loopback, as a reader would open it (python -m http.server)."""
-    handler = functools.partial(QuietHandler, directory=str(site))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with serve_handler(functools.partial(QuietHandler, directory=str(site))) as url:
+        yield url + "/"
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
