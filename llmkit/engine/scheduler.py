@@ -46,8 +46,9 @@ def swaps_prompt(slot: Slot, request: Request) -> bool:
     """
     if not request.cache_prompt:
         return False
-    if slot.similarity(request.prompt) > SIMILARITY_THRESHOLD:  # chosen by similarity
-        return common_prefix(slot.cache_tokens, request.prompt) / len(slot.cache_tokens) < KEEP_THRESHOLD
+    lcp = common_prefix(slot.cache_tokens, request.prompt)
+    if lcp / len(request.prompt) > SIMILARITY_THRESHOLD:  # chosen by similarity (Slot.similarity)
+        return lcp / len(slot.cache_tokens) < KEEP_THRESHOLD
     return request.id_slot is None
 
 
