@@ -15,7 +15,7 @@ import logging
 import sys
 
 from llmkit import models
-from llmkit.engine.engine import DEFAULT_STEP_TOKENS
+from llmkit.engine.engine import AUTO_PARALLEL, DEFAULT_STEP_TOKENS
 
 LOG_FORMAT = "%(asctime)s %(levelname).1s %(name)s: %(message)s"
 
@@ -171,7 +171,7 @@ def serve_slots(args: argparse.Namespace) -> int:
     from llmkit.server import Settings, create_app
 
     path = models.resolve_model(args.model)  # a bad path fails here, before the server starts
-    n_slots = 4 if args.parallel == -1 else args.parallel
+    n_slots = AUTO_PARALLEL if args.parallel == -1 else args.parallel
     if args.step_tokens and args.step_tokens < 2 * n_slots:
         print(f"llmkit: error: --step-tokens must be 0 or at least 2 x the number of slots = {2 * n_slots}", file=sys.stderr)
         return 2

@@ -53,6 +53,7 @@ log = logging.getLogger("llmkit.engine")
 # a step that reads a prompt chunk costs about as much as its tokens, so this bounds the pause that a burst
 # of long prompts puts between two tokens of a running stream.
 DEFAULT_STEP_TOKENS = 128
+AUTO_PARALLEL = 4  # slots of n_parallel=-1 (auto), as llama-server's -np -1
 SUBMIT_OPTIONS = ("cache_prompt", "id_slot", "n_probs", "n_keep", "n_cache_reuse")  # submit's, not the sampler's
 
 
@@ -154,7 +155,7 @@ class Engine:
             raise ValueError(f"n_parallel must be -1 (auto) or at least 1, not {n_parallel}")
         if kv_unified is None:
             kv_unified = n_parallel == -1  # llama-server: auto is 4 slots on a unified KV cache
-        n_parallel = 4 if n_parallel == -1 else n_parallel
+        n_parallel = AUTO_PARALLEL if n_parallel == -1 else n_parallel
         if step_tokens and step_tokens < 2 * n_parallel:  # room for every running stream and a prompt chunk
             raise ValueError(f"step_tokens must be 0 (no budget) or at least 2 x n_parallel = {2 * n_parallel}, not {step_tokens}")
         self.step_tokens = step_tokens
