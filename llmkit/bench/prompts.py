@@ -65,7 +65,7 @@ def long_system_prompt(model_path: str | None, n_tokens: int) -> str:
 
 
 def edited_chat(model_path: str | None, n_tokens: int) -> tuple[list[dict], list[dict]]:
-    """A chat of about ``n_tokens`` tokens, and the same chat with its first message shortened (cache reuse).
+    """A chat of the given length in tokens, and the same chat with its first message shortened (cache reuse).
 
     It opens with a system prompt of a fifth of it: so the edited chat still shares over 10 % with the
     cached one and goes back to the same slot (llama-server's similarity rule); moved chunks never
