@@ -47,21 +47,27 @@ def test_running_streams_first_then_prompt_chunks_up_to_the_budget(batch):
 
 
 def test_a_long_prompt_is_read_over_several_steps_and_asks_for_logits_at_its_end(batch):
-    late = reading(0, 150)
+    stream, late = generating(0), reading(1, 150)
     steps = []
     while late.n_prompt_done < 150:
-        build_batch([late], batch, budget=64)
-        steps.append(batch.n_tokens)
-    assert steps == [64, 64, 22]
-    assert late.i_batch == 21  # the last token of the last chunk holds the logits to sample from
+        build_batch([stream, late], batch, budget=64)
+        steps.append(batch.n_tokens - 1)  # prompt tokens beside the stream's one
+    assert steps == [63, 63, 24]
+    assert late.i_batch == 24  # the last token of the last chunk holds the logits to sample from
     assert late.cache_tokens == late.request.prompt
 
 
 def test_oldest_request_first_whatever_the_slot_order(batch):
     first = reading(3, 100)  # submitted first, sits in the last slot
     second = reading(0, 100)
-    build_batch([second, first], batch, budget=120)
+    build_batch([generating(1), second, first], batch, budget=121)
     assert first.n_prompt_done == 100 and second.n_prompt_done == 20
+
+
+def test_with_no_running_stream_the_budget_does_not_split_prompts(batch):
+    alone, next_one = reading(0, 300), reading(1, 300)
+    build_batch([alone, next_one], batch, budget=64)  # nobody waits on this step: fill the batch
+    assert alone.n_prompt_done == 300 and next_one.n_prompt_done == 212 and batch.n_tokens == batch.capacity
 
 
 def test_no_budget_fills_the_batch_as_llama_server_does(batch):

@@ -62,19 +62,21 @@ def build_batch(slots: list[Slot], batch: Batch, budget: int = 0) -> list[Slot]:
        chunked prefill);
     only a prompt's very last token asks for logits, since only there do we sample.
 
-    ``budget`` caps the tokens of one step (0: the batch's capacity, llama-server's
-    ``n_batch``). A small budget is stall-free batching (Sarathi-Serve; vLLM's chunked
-    prefill): a burst of long prompts is read a chunk per step while the running
-    streams keep getting a token every step, instead of waiting for one huge decode.
+    ``budget`` caps the tokens of a step that carries running streams (0: the batch's
+    capacity, llama-server's ``n_batch``). A small budget is stall-free batching
+    (Sarathi-Serve; vLLM's chunked prefill): a burst of long prompts is read a chunk per
+    step while the running streams keep getting a token every step, instead of waiting
+    for one huge decode. A step with no running stream has no one to keep waiting: its
+    prompts fill the batch, so a request alone gets its first token as soon as without it.
     """
     batch.clear()
-    limit = min(budget or batch.capacity, batch.capacity)
     used: list[Slot] = []
     for slot in slots:
         if slot.is_generating:
             slot.i_batch = batch.add(slot.last_token, slot.n_past, slot.id, logits=True)
             slot.cache_tokens.append(slot.last_token)
             used.append(slot)
+    limit = min(budget or batch.capacity, batch.capacity) if used else batch.capacity
     reading = sorted((s for s in slots if s.request is not None and s.request.status is Status.PROMPT), key=lambda s: s.request.id)
     for slot in reading:
         room = limit - batch.n_tokens
