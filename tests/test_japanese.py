@@ -1,0 +1,112 @@
+"""The Japanese edition's prose: written in Japanese, one term per concept, no stray line breaks.
+
+Model-free: reads notebooks/ja/*.ipynb and notebooks/ja/glossary.toml only. (That the code cells
+are identical to the English edition's is tests/test_notebooks.py's job.)
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import tomllib
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "notebooks"
+JAPANESE = sorted((ROOT / "ja").glob("*.ipynb"))
+GLOSSARY = ROOT / "ja" / "glossary.toml"
+
+# Hiragana, katakana (with the prolonged sound mark) and CJK ideographs (kanji).
+JA_CHAR = r"[\u3040-\u309f\u30a0-\u30ff\u4e00-\u9fff]"
+# The same, plus Japanese punctuation and full-width forms: a line ending or starting with one of
+# these is Japanese text on both sides of the break.
+JA_TEXT = r"[\u3000-\u303f\u3040-\u309f\u30a0-\u30ff\u4e00-\u9fff\uff00-\uffef]"
+FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.MULTILINE | re.DOTALL)
+CODE_SPAN = re.compile(r"(`+)(?!`).+?(?<!`)\1", re.DOTALL)
+
+
+def markdown_cells(path: Path) -> list[tuple[int, str]]:
+    nb = nbformat.read(path, 4)
+    return [(i, cell.source) for i, cell in enumerate(nb.cells) if cell.cell_type == "markdown"]
+
+
+def prose(source: str) -> str:
+    """A markdown cell without its code blocks and code spans (they are code, not Japanese)."""
+    return CODE_SPAN.sub(" ", FENCE.sub("\n", source))
+
+
+def load_glossary() -> list[dict]:
+    with GLOSSARY.open("rb") as f:
+        return tomllib.load(f)["term"]
+
+
+def rejected_found(text: str, term: dict) -> list[str]:
+    """The rejected variants of `term` in `text`, except where one is part of the chosen term itself."""
+    chosen = [m.span() for m in re.finditer(re.escape(term["ja"]), text)]
+    found = []
+    for variant in term["rejected"]:
+        for m in re.finditer(re.escape(variant), text):
+            if not any(start <= m.start() and m.end() <= end for start, end in chosen):
+                found.append(variant)
+    return found
+
+
+def paragraph_breaks(source: str) -> list[str]:
+    """Line breaks between two Japanese characters inside a paragraph.
+
+    Code blocks are removed; lines that are headings, list items, table rows, quotes or indented
+    (a list item's continuation) keep their own lines and are not joined with a neighbour.
+    """
+    lines = FENCE.sub("", source).split("\n")
+    own_line = re.compile(r"^\s*(#|[-*+] |\d+[.)] |\||>)|^\s{2,}\S")
+    breaks = []
+    for a, b in itertools.pairwise(lines):
+        if not a.strip() or not b.strip() or own_line.match(a) or own_line.match(b):
+            continue
+        if re.search(JA_TEXT + r"$", a.rstrip()) and re.match(JA_TEXT, b.lstrip()):
+            breaks.append(f"{a[-20:]!r} / {b[:20]!r}")
+    return breaks
+
+
+def test_there_are_japanese_notebooks():
+    assert JAPANESE, "notebooks/ja has no notebooks"
+
+
+def test_glossary_parses_and_every_entry_has_its_fields():
+    terms = load_glossary()
+    assert len(terms) >= 18
+    for term in terms:
+        assert isinstance(term.get("en"), str) and term["en"].strip(), term
+        assert isinstance(term.get("ja"), str) and re.search(JA_CHAR, term["ja"]), term
+        rejected = term.get("rejected")
+        assert isinstance(rejected, list) and rejected and all(isinstance(v, str) and v.strip() for v in rejected), term
+        assert term["ja"] not in rejected, term
+    english = {t["en"].split(" (")[0] for t in terms}
+    for concept in ("continuous batching", "KV cache", "slot", "structured output", "prefix", "greedy", "token", "prompt"):
+        assert concept in english, f"the glossary has no entry for {concept!r}"
+
+
+@pytest.mark.parametrize("path", JAPANESE, ids=lambda p: p.name)
+def test_every_markdown_cell_is_japanese(path):
+    not_japanese = [i for i, source in markdown_cells(path) if not re.search(JA_CHAR, prose(source))]
+    assert not not_japanese, f"markdown cells with no Japanese text: {not_japanese}"
+
+
+@pytest.mark.parametrize("path", JAPANESE, ids=lambda p: p.name)
+def test_no_rejected_glossary_variant(path):
+    terms = load_glossary()
+    found = {}
+    for i, source in markdown_cells(path):
+        text = prose(source)
+        hits = sorted({f"{v} (use {t['ja']})" for t in terms for v in rejected_found(text, t)})
+        if hits:
+            found[i] = hits
+    assert not found, f"rejected renderings (notebooks/ja/glossary.toml), by cell: {found}"
+
+
+@pytest.mark.parametrize("path", JAPANESE, ids=lambda p: p.name)
+def test_no_line_break_inside_a_japanese_paragraph(path):
+    found = {i: b for i, source in markdown_cells(path) if (b := paragraph_breaks(source))}
+    assert not found, f"a Japanese paragraph is one line (a break shows as a space), by cell: {found}"
