@@ -35,8 +35,8 @@ def catalog(folder: Path | None = None) -> dict[str, str]:
     return {e.msgid: e.msgstr for e in entries}
 
 
-def tr(text: str, **values: object) -> str:
-    """``text`` in the notebook folder's language, then ``str.format(**values)``."""
+def tr(text: str, /, **values: object) -> str:
+    """``text`` in the notebook folder's language, then ``str.format(**values)`` (any placeholder name, ``text`` too)."""
     table = catalog()
     if table and text not in table:
         warnings.warn(f"no translation for {text!r}: printed in English", stacklevel=2)
