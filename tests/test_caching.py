@@ -3,6 +3,8 @@ by moving chunks, context shift, and the unified KV cache of ``-np`` auto."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from llmkit.engine import Engine
@@ -190,3 +192,23 @@ def test_the_slot_server_with_llama_servers_cache_flags():
 
         r = http.post("/v1/completions", json={"prompt": "Hi", "n_keep": -2})
         assert r.status_code == 400 and "n_keep" in r.text
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_dropped_prompt_copy_gives_its_memory_back(model):
+    # An evicted prompt must leave the process, not stay in malloc's heap for reuse: after a few copies of
+    # several sizes have come and gone (malloc then keeps blocks of that size), dropping one more gives back
+    # about its size.
+    with Engine(model, n_parallel=1, n_ctx=1024, n_threads=1) as engine:
+        greedy(engine, SHARED).result()  # slot 0 holds ~240 tokens: a copy of ~5 MiB
+        for n in range(6):
+            copies = [engine.ctx.seq_state(0) for _ in range(1 + n % 3)]
+            del copies
+        copy = engine.ctx.seq_state(0)
+        size, before = len(copy), resident_bytes()
+        del copy
+        assert size > 4 * MIB and before - resident_bytes() > 0.9 * size

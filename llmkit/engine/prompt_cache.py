@@ -15,6 +15,7 @@ as llama-server's ``std::list`` of states.
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 
 from llmkit.engine.slot import common_prefix
@@ -27,7 +28,7 @@ MIN_KEEP = 0.25  # server_prompt_cache::load: "don't trash large prompts" (an en
 @dataclass
 class CachedPrompt:
     tokens: list[int]
-    state: bytearray  # the cells of the sequence, as llama_state_seq_get_data wrote them
+    state: mmap.mmap  # the cells of the sequence, as llama_state_seq_get_data wrote them (Context.seq_state)
 
     @property
     def size(self) -> int:
