@@ -77,3 +77,12 @@ def test_japanese_entries_are_japanese_and_keep_the_placeholders():
     for key, text in course.catalog(NOTEBOOKS / "ja").items():
         assert japanese(text) or text == key, f"not translated: {key!r} -> {text!r}"
         assert fields(key) == fields(text), f"placeholders differ: {key!r} vs {text!r}"
+
+
+def test_a_label_shared_by_chapters_reads_the_same_in_each_catalog():
+    # the catalogs of one folder are merged: a key in two chapters' files must not say two different things
+    seen: dict[str, tuple[str, str]] = {}
+    for po in sorted((NOTEBOOKS / "ja" / "locale").glob("*.po")):
+        for entry in polib.pofile(str(po)):
+            first = seen.setdefault(entry.msgid, (entry.msgstr, po.name))
+            assert first[0] == entry.msgstr, f"{entry.msgid!r}: {first[1]} says {first[0]!r}, {po.name} says {entry.msgstr!r}"
