@@ -34,7 +34,10 @@ def sequential_server():
 
 # The inner loop: `make test-fast` runs these modules only (no model, server, browser or build;
 # seconds). Every other test, and every notebook, is marked `slow`; `make test` runs everything.
-FAST_MODULES = {"test_scheduler.py", "test_sse.py", "test_text.py", "test_server_app.py", "test_notebooks.py", "test_models.py", "test_course.py", "test_japanese.py"}
+FAST_MODULES = {
+    *("test_scheduler.py", "test_sse.py", "test_text.py", "test_server_app.py", "test_models.py"),
+    *("test_notebooks.py", "test_course.py", "test_japanese.py"),  # the notebooks as files, the editions' labels and terms
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
