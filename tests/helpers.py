@@ -11,6 +11,9 @@ from typing import Any
 
 import httpx
 
+# Hiragana, katakana (with the prolonged sound mark) and CJK ideographs (kanji): text that is Japanese.
+JA_CHAR = r"[\u3040-\u309f\u30a0-\u30ff\u4e00-\u9fff]"
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 

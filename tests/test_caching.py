@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from llmkit.bench.scenarios import rss_mb
 from llmkit.engine import Engine
 from llmkit.engine.prompt_cache import MIB
 
@@ -194,11 +195,6 @@ def test_the_slot_server_with_llama_servers_cache_flags():
         assert r.status_code == 400 and "n_keep" in r.text
 
 
-def resident_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def test_a_dropped_prompt_copy_gives_its_memory_back(model):
     # An evicted prompt must leave the process, not stay in malloc's heap for reuse: after a few copies of
     # several sizes have come and gone (malloc then keeps blocks of that size), dropping one more gives back
@@ -209,6 +205,6 @@ def test_a_dropped_prompt_copy_gives_its_memory_back(model):
             copies = [engine.ctx.seq_state(0) for _ in range(1 + n % 3)]
             del copies
         copy = engine.ctx.seq_state(0)
-        size, before = len(copy), resident_bytes()
+        size, before = len(copy), rss_mb(os.getpid())[0]
         del copy
-        assert size > 4 * MIB and before - resident_bytes() > 0.9 * size
+        assert size > 4 * MIB and (before - rss_mb(os.getpid())[0]) * MIB > 0.9 * size

@@ -14,13 +14,13 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from helpers import JA_CHAR
+
 ROOT = Path(__file__).resolve().parent.parent / "notebooks"
 JAPANESE = sorted((ROOT / "ja").glob("*.ipynb"))
 GLOSSARY = ROOT / "ja" / "glossary.toml"
 
-# Hiragana, katakana (with the prolonged sound mark) and CJK ideographs (kanji).
-JA_CHAR = r"[\u3040-\u309f\u30a0-\u30ff\u4e00-\u9fff]"
-# The same, plus Japanese punctuation and full-width forms: a line ending or starting with one of
+# JA_CHAR (helpers), plus Japanese punctuation and full-width forms: a line ending or starting with one of
 # these is Japanese text on both sides of the break.
 JA_TEXT = r"[\u3000-\u303f\u3040-\u309f\u30a0-\u30ff\u4e00-\u9fff\uff00-\uffef]"
 FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.MULTILINE | re.DOTALL)
