@@ -13,23 +13,40 @@ your own scripts) prints the English as it is. In a translated folder, plots als
 glyphs that the kit installs (``matplotlib-fontja``'s IPAexGothic), so no plot shows empty boxes.
 
 A key missing from the catalog falls back to English with a warning (a learner's own new cell keeps working);
-``tests/test_course.py`` checks that every key the notebooks use is in every catalog, and that no entry is unused.
+``tests/test_course.py`` checks that every key the notebooks and llmkit's own code use is in every catalog, and that
+no entry is unused. What llmkit itself prints in a notebook (the widgets' labels, the side-by-side views' captions,
+``upstream.MAP``'s "what differs") is in ``locale/llmkit.po``; each chapter's labels are in its own ``.po``.
+
+Columns line up in every language: a Japanese character takes two columns of a fixed-width font, so ``tr`` counts a
+string's width in a format spec (``{name:13}``) in display columns (``wcwidth``), not characters, and ``pad`` and
+``table`` do the same for labels that are not inside a ``tr`` sentence::
+
+    print(table(rows, headers=(tr("field"), "slots", tr("meaning"))))   # each column as wide as its widest cell
+    print(pad(tr("read size"), 12, ">"), n)
 """
 
 from __future__ import annotations
 
+import re
+import string
 import warnings
+from collections.abc import Iterable, Sequence
 from functools import cache
 from pathlib import Path
 
-import polib
+import wcwidth
 
 
 @cache
 def catalog(folder: Path | None = None) -> dict[str, str]:
     """English → translation, from every ``locale/*.po`` in ``folder`` (default: the working directory)."""
     folder = Path.cwd() if folder is None else folder
-    entries = [e for po in sorted((folder / "locale").glob("*.po")) for e in polib.pofile(str(po)) if e.msgstr]
+    files = sorted((folder / "locale").glob("*.po"))
+    if not files:
+        return {}
+    import polib  # the lab extra: only a translated folder needs it (llmkit's core code calls tr too)
+
+    entries = [e for po in files for e in polib.pofile(str(po)) if e.msgstr]
     if entries:
         use_japanese_font()
     return {e.msgid: e.msgstr for e in entries}
@@ -40,7 +57,54 @@ def tr(text: str, /, **values: object) -> str:
     table = catalog()
     if table and text not in table:
         warnings.warn(f"no translation for {text!r}: printed in English", stacklevel=2)
-    return table.get(text, text).format(**values)
+    return COLUMNS.vformat(table.get(text, text), (), values)
+
+
+def width(text: str) -> int:
+    """How many columns ``text`` takes in a fixed-width font: two for a CJK character, none for a combining mark."""
+    columns = wcwidth.wcswidth(text)
+    if columns < 0:  # a control character (a newline, say) has no width of its own: count the rest
+        columns = sum(max(wcwidth.wcwidth(c), 0) for c in text)
+    return columns
+
+
+def pad(text: object, columns: int, align: str = "<") -> str:
+    """``str(text)`` padded with spaces to ``columns`` display columns: ``<`` left, ``>`` right, ``^`` centred (never cut)."""
+    return COLUMNS.format_field(str(text), f"{align}{columns}")
+
+
+def table(rows: Iterable[Sequence[object]], headers: Sequence[object] | None = None, align: str = "", sep: str = "  ") -> str:
+    """Rows of cells as text columns, each as wide as its widest cell (display columns), headers on top.
+
+    ``align`` has one of ``<``, ``>``, ``^`` per column (``">"``: the first column right-aligned, the others left);
+    the last column is not padded, so no line ends in spaces.
+    """
+    lines = [[str(cell) for cell in row] for row in ([headers] if headers is not None else []) + list(rows)]
+    n = max((len(line) for line in lines), default=0)
+    widths = [max((width(line[i]) for line in lines if i < len(line)), default=0) for i in range(n)]
+    sides = align.ljust(n, "<")
+    return "\n".join(
+        sep.join(cell if i == len(line) - 1 else pad(cell, widths[i], sides[i]) for i, cell in enumerate(line)) for line in lines
+    )
+
+
+class DisplayColumns(string.Formatter):
+    """``str.format``, except that a string's width in a format spec is counted in display columns, not characters."""
+
+    STRING_SPEC = re.compile(r"(?:(?P<fill>.)?(?P<align>[<>^]))?(?P<width>\d+)?(?:\.(?P<precision>\d+))?s?", re.DOTALL)
+
+    def format_field(self, value: object, format_spec: str) -> str:
+        spec = self.STRING_SPEC.fullmatch(format_spec)
+        if not isinstance(value, str) or spec is None or spec["width"] is None:
+            return super().format_field(value, format_spec)
+        text = value if spec["precision"] is None else value[: int(spec["precision"])]
+        missing = max(int(spec["width"]) - width(text), 0)
+        before = {"<": 0, ">": missing, "^": missing // 2}[spec["align"] or "<"]
+        fill = spec["fill"] or " "
+        return fill * before + text + fill * (missing - before)
+
+
+COLUMNS = DisplayColumns()
 
 
 def use_japanese_font() -> None:

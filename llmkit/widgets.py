@@ -21,6 +21,7 @@ import httpx
 import ipywidgets as w
 
 from llmkit.client import stream_translation
+from llmkit.course import tr
 
 # SmolLM2-135M follows a language name far better than a code ("fr", "ja").
 LANGUAGES = ("French", "Japanese", "Spanish", "German", "Chinese", "Korean", "English")
@@ -31,9 +32,9 @@ class Translator(w.VBox):
 
     def __init__(self, url: str, *, text: str = "", target_lang: str = "French", languages=LANGUAGES):
         self.url = url.rstrip("/")
-        self.input = w.Textarea(value=text, placeholder="Text to translate", layout=w.Layout(width="100%", height="6em"))
-        self.language = w.Dropdown(options=list(languages), value=target_lang, description="to")
-        self.button = w.Button(description="Translate", button_style="primary", icon="language")
+        self.input = w.Textarea(value=text, placeholder=tr("Text to translate"), layout=w.Layout(width="100%", height="6em"))
+        self.language = w.Dropdown(options=list(languages), value=target_lang, description=tr("to"))
+        self.button = w.Button(description=tr("Translate"), button_style="primary", icon="language")
         self.output = w.HTML(layout=w.Layout(width="100%", min_height="3em"))
         self.status = w.Label()
         self.pieces: list[str] = []
@@ -59,7 +60,7 @@ class Translator(w.VBox):
         with self._busy:  # one translation at a time per widget
             self.pieces, self.error = [], None
             self.button.disabled = True
-            self.status.value = "translating..."
+            self.status.value = tr("translating...")
             self._show("")
             result = None
 
@@ -76,8 +77,10 @@ class Translator(w.VBox):
             finally:
                 self.button.disabled = False
             if self.error or result is None:
-                self._show(f"{self.text}\nError: {self.error}", "crimson")
-                self.status.value = f"error after {result.seconds:.2f} s" if result else "error"
+                self._show(self.text + "\n" + tr("Error: {error}", error=self.error), "crimson")
+                self.status.value = tr("error after {seconds:.2f} s", seconds=result.seconds) if result else tr("error")
             else:
-                self.status.value = f"{len(self.pieces)} pieces in {result.seconds:.2f} s, first after {result.ttft:.2f} s"
+                self.status.value = tr(
+                    "{n} pieces in {seconds:.2f} s, first after {ttft:.2f} s", n=len(self.pieces), seconds=result.seconds, ttft=result.ttft
+                )
             return self.text

@@ -12,10 +12,31 @@ import polib
 import pytest
 
 from llmkit import course
+from llmkit.upstream import MAP
 
 from helpers import JA_CHAR
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+LIBRARY_CATALOG = NOTEBOOKS / "ja" / "locale" / "llmkit.po"  # what llmkit's own code prints; a chapter's labels: its .po
+
+# tr() calls in llmkit whose key is not a literal, and every key each can be given
+DYNAMIC_KEYS = {"self.differs": {row.differs for row in MAP}}  # upstream.Counterpart.what_differs
+
+
+def tr_keys(source: str, where: str, dynamic: dict[str, set[str]] | None = None) -> set[str]:
+    """The keys of every ``tr(...)`` call in Python source: literal first arguments, or a ``dynamic`` one's keys."""
+    keys = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "tr":
+            assert node.args, f"{where}: tr() without a key"
+            if isinstance(node.args[0], ast.Constant):
+                keys.add(node.args[0].value)
+            else:
+                expression = ast.unparse(node.args[0])
+                assert expression in (dynamic or {}), f"{where}: tr({expression}) needs a literal key (or an entry in DYNAMIC_KEYS)"
+                keys |= (dynamic or {})[expression]
+    return keys
 
 
 def keys_used(path: Path) -> set[str]:
@@ -25,14 +46,12 @@ def keys_used(path: Path) -> set[str]:
         if cell.cell_type != "code":
             continue
         source = "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "tr":
-                assert node.args and isinstance(node.args[0], ast.Constant), f"{path.name}: tr() needs a literal key"
-                keys.add(node.args[0].value)
+        keys |= tr_keys(source, path.name)
     return keys
 
 
 USED = {key for path in sorted((NOTEBOOKS / "en").glob("*.ipynb")) for key in keys_used(path)}
+LIBRARY = {key for path in sorted((ROOT / "llmkit").rglob("*.py")) for key in tr_keys(path.read_text(), path.name, DYNAMIC_KEYS)}
 
 
 def test_english_folder_prints_the_key_itself(tmp_path):
@@ -61,10 +80,20 @@ def test_the_notebooks_use_tr():
     assert len(USED) > 100, "the chapters print their labels through llmkit.course.tr"
 
 
+def test_llmkit_prints_through_tr_too():
+    assert len(LIBRARY) > len(MAP), "MAP's 'what differs', the widgets' labels, the side-by-side captions"
+
+
 def test_every_label_the_notebooks_print_has_a_japanese_entry_and_none_is_unused():
     ja = course.catalog(NOTEBOOKS / "ja")
-    assert sorted(USED - ja.keys()) == [], "labels the Japanese edition would print in English"
-    assert sorted(ja.keys() - USED) == [], "catalog entries no notebook uses"
+    assert sorted((USED | LIBRARY) - ja.keys()) == [], "labels the Japanese edition would print in English"
+    assert sorted(ja.keys() - USED - LIBRARY) == [], "catalog entries neither a notebook nor llmkit uses"
+
+
+def test_what_llmkit_prints_is_in_its_own_catalog():
+    held = {entry.msgid for entry in polib.pofile(str(LIBRARY_CATALOG))}
+    assert sorted(LIBRARY - held) == [], f"llmkit's own labels belong in {LIBRARY_CATALOG.name}"
+    assert sorted(held - LIBRARY) == [], f"entries of {LIBRARY_CATALOG.name} that llmkit's code does not use"
 
 
 def fields(text: str) -> list[str]:
@@ -85,3 +114,32 @@ def test_a_label_shared_by_chapters_reads_the_same_in_each_catalog():
         for entry in polib.pofile(str(po)):
             first = seen.setdefault(entry.msgid, (entry.msgstr, po.name))
             assert first[0] == entry.msgstr, f"{entry.msgid!r}: {first[1]} says {first[0]!r}, {po.name} says {entry.msgstr!r}"
+
+
+def test_a_japanese_and_an_english_label_padded_alike_take_the_same_columns():
+    japanese, english = "読み取りサイズ", "read size"
+    assert course.width(japanese) == 14 and course.width(english) == 9  # a Japanese character takes two columns
+    for align in "<>^":
+        assert course.width(course.pad(japanese, 16, align)) == course.width(course.pad(english, 16, align)) == 16
+    # plain formatting pads by characters: the Japanese label comes out 7 columns wider and the next column moves
+    assert course.width(f"{japanese:16}") == 23 != course.width(f"{english:16}")
+    assert course.pad("とても長いラベル", 4) == "とても長いラベル"  # too wide: kept whole, never cut
+
+
+def test_tr_counts_display_columns_in_a_format_spec():
+    line = "{name:>8} | {n:3} | {note:^9.2} |"
+    assert course.width(course.tr(line, name="なし", n=7, note="無傷のチャンク")) == course.width(line.format(name="none", n=7, note="ok"))
+    assert course.width(line.format(name="なし", n=7, note="無傷のチャンク")) != course.width(line.format(name="none", n=7, note="ok"))
+    # for text one column per character (the English edition), exactly what str.format prints
+    for spec in ("{x}", "{x:12}", "{x:>12}", "{x:^12}", "{x:*<12}", "{x:.3}", "{x:>9.4}", "{x!r:14}", "{x:3}", "{y:8.2f}", "{y:>8}"):
+        assert course.tr(spec, x="budget", y=3.14159) == spec.format(x="budget", y=3.14159), spec
+
+
+def test_a_table_lines_up_its_columns_in_display_columns():
+    widest = "読み込み中のステップ数"  # 11 characters, 22 columns
+    text = course.table([("なし", 2, "767 tok"), ("512", 3, "512 tok"), (widest, 19, "x")], headers=("budget", "steps", "x"), align=">")
+    lines = text.splitlines()
+    assert len(lines) == 4 and not any(line.endswith(" ") for line in lines)
+    starts = {course.width(line[: line.index(str(cell))]) for line, cell in zip(lines, ["steps", 2, 3, 19], strict=True)}
+    assert starts == {22 + 2}, text  # the second column starts at the same column on every line, after the widest cell
+    assert lines[1].startswith(" " * 18 + "なし  ")  # right-aligned by display width

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from llmkit.course import tr
 from llmkit.upstream.source import UpstreamError, data_dir, root, version
 
 X86_64_V3 = ("avx2", "fma", "f16c", "bmi2")  # the x86-64-v3 extensions ggml uses; all AMD/Intel CPUs since ~2015
@@ -127,7 +128,8 @@ def _follow(steps: Iterator[tuple[int, int]], show: bool) -> None:
     """Wait for the build, with a progress bar (a widget in a notebook, a line in a terminal)."""
     from tqdm.auto import tqdm
 
-    with tqdm(desc=f"building llama-server {version()} (once, ~12 min on 2 cores)", unit="step", mininterval=2, disable=not show) as bar:
+    desc = tr("building llama-server {version} (once, ~12 min on 2 cores)", version=version())
+    with tqdm(desc=desc, unit="step", mininterval=2, disable=not show) as bar:
         for done, total in steps:
             bar.total = total
             bar.update(done - bar.n)

@@ -21,6 +21,7 @@ from pathlib import Path
 import tree_sitter_cpp
 from tree_sitter import Language, Node, Parser
 
+from llmkit.course import tr
 from llmkit.upstream.source import root
 
 SEARCHED = ("tools/server", "common", "src", "include")  # in this order: llama-server first
@@ -89,7 +90,7 @@ def highlight(symbol: Symbol) -> str:
     formatter = HtmlFormatter(linenos="inline", linenostart=symbol.start, noclasses=True, style="default")
     caption = (
         f"<div style='font-family:monospace;font-size:90%;color:#555'>{html.escape(symbol.name)} "
-        f"({symbol.kind}, {symbol.n_lines} lines) — {html.escape(symbol.where)}</div>"
+        f"({tr('{kind}, {n} lines', kind=symbol.kind, n=symbol.n_lines)}) — {html.escape(symbol.where)}</div>"
     )
     return caption + pygmentize(symbol.text, lexer, formatter)
 

@@ -18,6 +18,7 @@ import inspect
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmkit.course import tr
 from llmkit.upstream.cpp import Symbol
 
 CONTEXT = "tools/server/server-context.cpp"
@@ -31,7 +32,12 @@ class Counterpart:
     llmkit: str  # dotted path of a module-level or nested function, class or method
     upstream: str  # qualified C++ name, as llmkit.upstream.find() takes it
     file: str  # where upstream lives, relative to llama.cpp's root
-    differs: str  # what llmkit does differently, in one line
+    differs: str  # what llmkit does differently, in one line (English: the key of its translation)
+
+    @property
+    def what_differs(self) -> str:
+        """``differs`` in the reader's language (``llmkit.course.tr``; Japanese: notebooks/ja/locale/llmkit.po)."""
+        return tr(self.differs)
 
 
 # A request's path in order: queue and loop, slot choice, batch, decode, sampling, answer; then the HTTP side.

@@ -27,6 +27,8 @@ from pathlib import Path
 import llama_cpp
 import platformdirs
 
+from llmkit.course import tr
+
 PACKAGE = "llama-cpp-python"
 SKIPPED = ("models/",)  # llama.cpp's test vocabularies (75 MB): nothing here reads them
 
@@ -64,7 +66,10 @@ def download() -> Path:
     dest = Path(tempfile.mkdtemp(prefix="llmkit-sdist-"))
     command = [sys.executable, "-m", "pip", "download", "--no-deps", f"--no-binary={PACKAGE}",
                "--disable-pip-version-check", "--quiet", f"{PACKAGE}=={version()}", "-d", str(dest)]  # fmt: skip
-    print(f"Downloading the source of {PACKAGE} {version()} (llama.cpp with llama-server, ~75 MB) ...", file=sys.stderr)
+    print(
+        tr("Downloading the source of {package} {version} (llama.cpp with llama-server, ~75 MB) ...", package=PACKAGE, version=version()),
+        file=sys.stderr,
+    )
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     found = sorted(dest.glob("*.tar.gz"))
     if done.returncode != 0 or not found:
