@@ -76,16 +76,14 @@ def pad(text: object, columns: int, align: str = "<") -> str:
 def table(rows: Iterable[Sequence[object]], headers: Sequence[object] | None = None, align: str = "", sep: str = "  ") -> str:
     """Rows of cells as text columns, each as wide as its widest cell (display columns), headers on top.
 
-    ``align`` has one of ``<``, ``>``, ``^`` per column (``">"``: the first column right-aligned, the others left);
-    the last column is not padded, so no line ends in spaces.
+    ``align`` has one of ``<``, ``>``, ``^`` per column (``">"``: the first column right-aligned, the others left).
+    No line ends in spaces.
     """
     lines = [[str(cell) for cell in row] for row in ([headers] if headers is not None else []) + list(rows)]
     n = max((len(line) for line in lines), default=0)
     widths = [max((width(line[i]) for line in lines if i < len(line)), default=0) for i in range(n)]
     sides = align.ljust(n, "<")
-    return "\n".join(
-        sep.join(cell if i == len(line) - 1 else pad(cell, widths[i], sides[i]) for i, cell in enumerate(line)) for line in lines
-    )
+    return "\n".join(sep.join(pad(cell, widths[i], sides[i]) for i, cell in enumerate(line)).rstrip() for line in lines)
 
 
 class DisplayColumns(string.Formatter):
