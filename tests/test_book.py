@@ -4,8 +4,9 @@ book/build.py builds notebooks/en and notebooks/ja as two Jupyter Book editions 
 language, title, root and table of contents) and puts them side by side under a landing page.
 Here both are built afresh with warnings as errors, then checked as files (language, titles, the
 link to the other edition on every page, navigation that stays in one language, every output and
-figure of the notebooks embedded) and in headless Chromium (Debian's chromium and chromedriver, as
-tests/test_webui.py): the landing page and one chapter in each language, with screenshots saved in
+figure of the notebooks embedded, every exercise solution collapsed with its output) and in headless
+Chromium (Debian's chromium and chromedriver, as tests/test_webui.py): the landing page and one
+chapter in each language, a solution opened with a click, with screenshots saved in
 book/_build/screenshots/ for a person to look at, and a check that Japanese text is drawn with a
 font that has Japanese glyphs (no "tofu" boxes).
 """
@@ -228,6 +229,47 @@ def test_outputs_and_figures_are_embedded(site):
                         assert html.escape(lines[0], quote=False) in text, f"{lang}/{page.name}: {lines[0]!r}"
 
 
+SOLUTION_PROMPT = {"en": "Show the solution", "ja": "解答を表示"}  # book/_ext/solutions.py
+
+
+def solution_cells(notebook: Path) -> list[dict]:
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    return [c for c in cells if c["cell_type"] == "code" and "solution" in c["metadata"].get("tags", [])]
+
+
+def test_every_solution_is_collapsed_with_its_output(site):
+    """A cell tagged `solution` is one closed <details> (MyST-NB's hide-cell) that holds its code and its output."""
+    from bs4 import BeautifulSoup
+
+    checked = 0
+    for lang in EDITIONS:
+        for notebook in notebooks(lang):
+            where = f"{lang}/{notebook.stem}.html"
+            page = BeautifulSoup((site / lang / f"{notebook.stem}.html").read_text(encoding="utf-8"), "html.parser")
+            solutions = solution_cells(notebook)
+            built = page.select("div.cell.tag_solution")
+            assert len(built) == len(solutions), f"{where}: {len(built)} solution cells, the notebook has {len(solutions)}"
+            # nothing else is collapsed: the chapter's own cells stay open
+            assert len(page.select("div.cell details.hide")) == len(solutions), f"{where}: other cells are collapsed too"
+            for cell, source in zip(built, solutions, strict=True):
+                wrappers = cell.find_all(recursive=False)
+                assert [w.name for w in wrappers] == ["details"], f"{where}: a solution is not one <details>: {wrappers}"
+                details = wrappers[0]
+                assert {"hide", "above-input"} <= set(details["class"]) and not details.has_attr("open"), (
+                    f"{where}: a solution is not collapsed: {details.attrs}"
+                )
+                summary = details.find("summary", recursive=False)
+                assert summary is not None and summary.find("p", class_="collapsed").get_text(strip=True) == SOLUTION_PROMPT[lang]
+                # the code and every output are inside it, none beside it: the answer is not printed under the exercise
+                inputs, outputs = details.select("div.cell_input"), details.select("div.cell_output")
+                assert len(inputs) == 1 and len(outputs) == bool(source.get("outputs")), (where, len(inputs), len(outputs))
+                assert len(cell.select("div.cell_input, div.cell_output")) == len(inputs) + len(outputs)
+                first_line = "".join(source["source"]).splitlines()[0]
+                assert plain(first_line) in plain(inputs[0].get_text()), f"{where}: the wrong cell is collapsed: {first_line!r}"
+                checked += 1
+    assert checked >= 30, f"only {checked} solutions checked"
+
+
 # ---------------------------------------------------------------------------------------------------
 # In a real browser
 
@@ -363,6 +405,26 @@ def test_chapter_in_a_browser(browser, server, lang):
     switch.click()
     assert browser.current_url.endswith(f"/{other}/{CHAPTER}.html"), browser.current_url
     assert browser.find_element(By.TAG_NAME, "html").get_attribute("lang") == other
+
+
+@pytest.mark.parametrize("lang", list(EDITIONS))
+def test_a_solution_opens_on_a_click(browser, server, lang):
+    """In the browser a solution shows only its summary; one click shows its code and its output."""
+    from selenium.webdriver.common.by import By
+
+    open_page(browser, urljoin(server, f"{lang}/{CHAPTER}.html"))
+    cell = browser.find_element(By.CSS_SELECTOR, "div.cell.tag_solution")
+    summary = cell.find_element(By.CSS_SELECTOR, "details > summary")
+    code = cell.find_element(By.CSS_SELECTOR, ".cell_input")
+    output = cell.find_element(By.CSS_SELECTOR, ".cell_output")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", summary)
+    assert summary.is_displayed() and summary.text.strip() == SOLUTION_PROMPT[lang], summary.text
+    assert not code.is_displayed() and not output.is_displayed(), "the solution is open before a click"
+    cell.screenshot(str(SCREENSHOTS / f"{lang}-{CHAPTER}-solution-closed.png"))
+    summary.click()
+    assert code.is_displayed() and output.is_displayed(), "a click did not open the solution"
+    assert cell.find_element(By.CSS_SELECTOR, "details").get_attribute("open") is not None
+    cell.screenshot(str(SCREENSHOTS / f"{lang}-{CHAPTER}-solution-open.png"))
 
 
 @pytest.mark.parametrize("lang", list(EDITIONS))
