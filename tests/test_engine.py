@@ -10,7 +10,7 @@ import weakref
 import pytest
 
 from llmkit.engine import ContextSizeError, Engine, EngineError
-from llmkit.engine.request import Request
+from llmkit.engine.request import Piece, Request
 from llmkit.llama import Sampler, SamplingParams
 
 from helpers import wait_until
@@ -253,3 +253,31 @@ def test_submit_validation(engine):
 def test_request_objects_stand_alone():
     r = Request([1, 2, 3])
     assert r.status.value == "waiting" and not r.done
+
+
+def test_an_async_reader_is_woken_by_wake_not_by_each_emit():
+    """The engine emits every slot's piece, then wakes the readers once (see Engine.step): a reader's
+    event loop must not run between two slots' samplers."""
+    request = Request([1, 2, 3])
+
+    async def main() -> list[list[str]]:
+        seen: list[list[str]] = []
+        read = []
+
+        async def reader() -> None:
+            async for piece in request:
+                read.append(piece.text)
+
+        task = asyncio.create_task(reader())
+        await asyncio.sleep(0.05)  # the reader waits for its first piece
+        await asyncio.to_thread(lambda: (request.emit(Piece("a", [1])), request.emit(Piece("b", [2]))))  # the engine thread
+        await asyncio.sleep(0.1)
+        seen.append(list(read))
+        await asyncio.to_thread(request.wake)
+        await asyncio.sleep(0.1)
+        seen.append(list(read))
+        await asyncio.to_thread(request.finish, "stop")  # the end wakes it at once
+        await asyncio.wait_for(task, 5)
+        return seen
+
+    assert asyncio.run(main()) == [[], ["a", "b"]]

@@ -17,7 +17,7 @@ method with its C++ and says what differs):
   (``scheduler.build_batch`` ~ the batch building of ``pre_decode``), decode
   it, then for each slot that asked for logits ``sample`` (~ ``post_decode``)
   and ``process_token`` (~ ``process_token``), which ``deliver``s text or
-  ``finish``es the request.
+  ``finish``es the request; then it ``wake``s the readers of what it delivered.
 
 Requests join and leave between steps: that is continuous batching.
 """
@@ -315,9 +315,13 @@ class Engine:
         if not in_batch or not self.decode(in_batch):
             return
         t_sample = time.perf_counter()
-        for slot in in_batch:
-            if slot.i_batch >= 0 and (sampled := self.sample(slot)) is not None:
+        sampling = [slot for slot in in_batch if slot.i_batch >= 0]
+        for slot in sampling:
+            if (sampled := self.sample(slot)) is not None:
                 self.process_token(slot, *sampled)
+        for slot in sampling:  # after every sampler: consumers' event loops run during the next decode
+            if slot.request is not None:
+                slot.request.wake()
         n_prompt = self.batch.n_tokens - n_generated
         self.record(StepRecord(t0, time.perf_counter() - t0, t_sample - t_decode, n_prompt, n_generated, len(in_batch)))
 

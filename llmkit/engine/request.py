@@ -10,6 +10,11 @@ asyncio task, an HTTP handler) only reads them, by iterating the request:
 
 Leaving the loop early (``break``, an exception, a closed connection)
 cancels the request; the engine frees its slot at the next step.
+
+An asyncio consumer is woken once per engine step (``wake``), after every
+slot of the step has sampled, not at each ``emit``: its event loop then runs
+while ``llama_decode`` (which releases the GIL) computes the next step,
+instead of taking the GIL from the engine between two slots' samplers.
 """
 
 from __future__ import annotations
@@ -165,6 +170,7 @@ class Request:
             self.timings.prompt_ms = (now - self.t_start) * 1e3
 
     def emit(self, piece: Piece) -> None:
+        """Queue a piece; an asyncio consumer sees it at the next ``wake``."""
         self.text_parts.append(piece.text)
         self._push(piece)
 
@@ -172,11 +178,16 @@ class Request:
         self.finish_reason, self.error = reason, error
         self.status = Status.DONE
         self._push(_END)
+        self.wake()
 
     def _push(self, item: Piece) -> None:
         with self._cond:
             self._events.append(item)
-            self._cond.notify_all()
+            self._cond.notify_all()  # a consumer thread reads at once
+
+    def wake(self) -> None:
+        """Wake an asyncio consumer to read what was queued (the engine: once per step, after sampling)."""
+        with self._cond:
             loop, wake = self._loop, self._wake
         if loop is not None and wake is not None:  # set together by __aiter__
             loop.call_soon_threadsafe(wake.set)
