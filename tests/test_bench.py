@@ -80,6 +80,10 @@ def test_bench_tiny_run(tmp_path):
     assert all(row[2] in ("PASS", "FAIL", "n/a", "info") for row in targets[1:])
     assert sum(row[0].startswith("burst with 1 running") for row in targets) == 3
     assert any(row[0].startswith("slots aggregate tok/s with the step budget") for row in targets)
+    judged = {row[0] for row in targets[1:] if row[2] in ("PASS", "FAIL")}  # measured at every level, not "n/a"
+    for level in (1, 2):
+        assert f"Python share of slot-server step time < 3 % ({level} streams)" in judged
+        assert f"slots aggregate tok/s level with llama-server, >= 0.95x ({level} streams)" in judged
     assert targets[-1][0].startswith("slots / llama-server") and targets[-1][2] == "info"
 
     assert results.plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

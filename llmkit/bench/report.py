@@ -127,14 +127,17 @@ def judge(
         note = f" (headroom here: raw loop {n} sequences / 1 = {raw.tokens_per_s / raw1.tokens_per_s:.2f}x)"
     check(f"slots aggregate tok/s >= 2.0x sequential ({n} streams)", r, lambda x: x >= 2.0, f"{r or 0:.2f}x", note)
     r = slots.tokens_per_s / raw.tokens_per_s if slots and raw else None
-    target = f"slots aggregate tok/s >= 90 % of raw batched decode, same prompts and tokens ({n} sequences)"
+    target = f"slots aggregate tok/s >= 97 % of raw batched decode, same prompts and tokens ({n} sequences)"
     note = ""
     if slots and raw and slots.stream_tokens_per_s and raw.stream_tokens_per_s:  # the decode phase alone, prompts read
         note = f" (decode phase alone, per stream: {100 * slots.stream_tokens_per_s / raw.stream_tokens_per_s:.0f} %)"
-    check(target, r, lambda x: x >= 0.9, f"{100 * (r or 0):.0f} %", note)
-    target = f"Python share of slot-server step time < 5 % ({n} streams)"
-    share = slots.python_share if slots else None
-    check(target, share, lambda x: x < 0.05, f"{100 * (share or 0):.1f} %")
+    check(target, r, lambda x: x >= 0.97, f"{100 * (r or 0):.0f} %", note)
+    for level in cfg.concurrency:
+        share = row.python_share if (row := at.get(("slots", level))) else None
+        check(f"Python share of slot-server step time < 3 % ({level} streams)", share, lambda x: x < 0.03, f"{100 * (share or 0):.1f} %")
+        mine, theirs = at.get(("slots", level)), at.get(("llama-server", level))
+        r = mine.tokens_per_s / theirs.tokens_per_s if mine and theirs else None
+        check(f"slots aggregate tok/s level with llama-server, >= 0.95x ({level} streams)", r, lambda x: x >= 0.95, f"{r or 0:.2f}x")
     p = next((p for p in prefix if p["server"] == "slots"), None)
     r = p["speedup"] if p else None
     check("slots prefix reuse: cold TTFT / warm TTFT >= 20x", r, lambda x: x >= 20, f"{r or 0:.1f}x")
