@@ -68,7 +68,7 @@ lab: $(INSTALLED)
 
 # Add servers or options: make bench BENCH_ARGS="--url llama-server=http://127.0.0.1:8081"
 bench: $(INSTALLED)
-	$(VENV)/bin/llmkit bench --rounds 3 --soak 1000 $(BENCH_ARGS)
+	$(VENV)/bin/llmkit bench --rounds 3 --soak 1000 --greedy-runs 25 $(BENCH_ARGS)
 
 serve-sequential: $(INSTALLED)
 	$(VENV)/bin/llmkit serve sequential --port $(PORT)

@@ -137,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--rounds", type=int, default=1, metavar="R", help="run every level R times (servers in rotating order), report the median run"
     )
+    b.add_argument(
+        "--greedy-runs",
+        type=int,
+        default=0,
+        metavar="R",
+        help="also answer chapter 6's 8 reviews greedily alone, then R times batched on 4 slots, and count the answers that differ",
+    )
 
     up = sub.add_parser("upstream", help="the llama.cpp that llmkit runs: llama-server's source and binary")
     actions = up.add_subparsers(dest="action", required=True)
@@ -234,7 +241,7 @@ def bench(args: argparse.Namespace) -> int:
         concurrency=tuple(args.concurrency), max_tokens=args.max_tokens, threads=args.threads, model=args.model, urls=urls,
         out=Path(args.out), skip=frozenset(args.skip), ctx_per_slot=args.ctx_per_slot, prefix_tokens=args.prefix_tokens,
         arrivals=tuple(args.arrivals),
-        cache_prompt=args.cache_prompt, soak=args.soak, rounds=args.rounds,
+        cache_prompt=args.cache_prompt, soak=args.soak, rounds=args.rounds, greedy_runs=args.greedy_runs,
     )  # fmt: skip
     try:
         results = bench_.run(cfg)

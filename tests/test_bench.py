@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 from llmkit import bench
+from llmkit.bench.prompts import QUESTION, REVIEWS
 from llmkit.cli import build_parser
 
 SERVERS = (bench.RAW, "sequential", "slots", bench.NO_BUDGET, "llama-server")
@@ -39,6 +42,8 @@ def test_bench_tiny_run(tmp_path):
         arrival_prompts=2,
         arrival_tokens=60,
         chat_tokens=200,
+        greedy_runs=2,
+        greedy_tokens=16,
     )
     results = bench.run(cfg)
 
@@ -86,9 +91,35 @@ def test_bench_tiny_run(tmp_path):
         assert f"slots aggregate tok/s level with llama-server, >= 0.95x ({level} streams)" in judged
     assert targets[-1][0].startswith("slots / llama-server") and targets[-1][2] == "info"
 
+    # greedy drift: information, not a target; counts within 0..runs, and alone twice is alone
+    greedy = results.greedy
+    assert "## Greedy answers alone vs batched" in saved
+    drift = markdown_table(saved, "| review | batched runs")
+    assert len(drift) == 1 + 8 + 1 and drift[-1] == ["any of the 8", f"{greedy['runs_with_difference']} of 2"]
+    assert greedy["runs"] == 2 and greedy["max_tokens"] == 16 and len(greedy["reviews"]) == 8
+    assert all(0 <= r["differed"] <= 2 and r["alone"] for r in greedy["reviews"])
+    assert max(r["differed"] for r in greedy["reviews"]) <= greedy["runs_with_difference"] <= 2
+    assert 1 <= greedy["batch_schedules"] <= 2 and greedy["seconds"] > 0
+    assert greedy["alone_twice_identical"] and greedy["alone_twice_differed"] == 0  # the same batch shapes: the same answers
+    assert [row[2] for row in targets if row[0].startswith("greedy answers alone vs batched")] == ["info"]
+
     assert results.plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads((tmp_path / "results.json").read_text())
     assert len(data["rows"]) == 10 and len(data["arrivals"]) == 4 and len(data["kv_cache"]) == 2 and data["config"]["max_tokens"] == 8
+    assert data["greedy"]["runs"] == 2 and data["greedy"]["reviews"] == greedy["reviews"] and data["config"]["greedy_runs"] == 2
+
+
+def test_greedy_prompts_are_chapter_6s():
+    """The greedy-drift scenario's reviews and question are chapter 6's, as its cell 1 defines them."""
+    notebook = Path(__file__).parent.parent / "notebooks" / "en" / "06_structured_output.ipynb"
+    cell = "".join(json.loads(notebook.read_text())["cells"][1]["source"])
+    names = {"REVIEWS", "QUESTION"}
+    found = {
+        node.targets[0].id: ast.literal_eval(node.value)
+        for node in ast.parse(cell).body
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id in names
+    }
+    assert found == {"REVIEWS": REVIEWS, "QUESTION": QUESTION}
 
 
 def test_bench_command_line():
@@ -106,8 +137,11 @@ def test_bench_command_line():
             "1000",
             "--rounds",
             "3",
+            "--greedy-runs",
+            "25",
         ]
     )
-    assert args.rounds == 3
+    assert args.rounds == 3 and args.greedy_runs == 25
+    assert build_parser().parse_args(["bench"]).greedy_runs == 0  # off unless asked (make bench asks for 25)
     assert args.url == ["llama-server=http://127.0.0.1:8081"] and args.concurrency == [1, 4]
     assert args.skip == ["sequential"] and args.soak == 1000 and args.max_tokens == 128 and args.out == "bench-results"

@@ -20,6 +20,9 @@ What one run measures (and writes to ``bench-results/``: results.md, results.jso
 - with ``--soak N``: N short requests with distinct prefixes to a slot server with
   4 slots of 2048 tokens and ``--cache-ram 64``, its resident memory sampled every
   100 requests (``scenarios.soak``);
+- with ``--greedy-runs R``: chapter 6's 8 reviews, greedy, on an in-process ``Engine``
+  with 4 slots of one KV stream each: answered alone, then R times all at once; how many
+  batched answers differ from alone (``scenarios.greedy_drift``; information, no target);
 - the targets, judged on ratios (``report.judge``).
 
 Every server gets the same prompts: the sequential server's translation prompt,
@@ -35,7 +38,7 @@ The package, one role per module:
     prompts    the texts, the translation prompt, long made-up texts of N tokens
     servers    SequentialServer, OpenAIServer: each kind's request and stream; starting them
     raw        RawDecoder: the same work on llama.cpp alone
-    scenarios  what is measured: all_levels, prefix_reuse, arrivals, soak
+    scenarios  what is measured: all_levels, prefix_reuse, arrivals, kv_cache, soak, greedy_drift
     report     tables, plot, targets
     run() (here) runs them all and writes the results
 """
@@ -57,7 +60,7 @@ from llmkit.bench import report
 from llmkit.bench.config import CACHE_REUSE, NO_BUDGET, RAW, SOAK_CACHE_RAM_MIB, BenchError, Config
 from llmkit.bench.prompts import LANG, TEXTS, chat_prompt, edited_chat, long_system_prompt, long_text
 from llmkit.bench.raw import RawDecoder
-from llmkit.bench.scenarios import Row, all_levels, arrivals, kv_cache, prefix_reuse, soak
+from llmkit.bench.scenarios import Row, all_levels, arrivals, greedy_drift, kv_cache, prefix_reuse, soak
 from llmkit.bench.servers import OpenAIServer, SequentialServer, Server, server_flags, start_servers
 
 __all__ = [
@@ -77,6 +80,7 @@ class Results:
     plot_path: Path
     arrivals: list[dict] = field(default_factory=list)
     kv_cache: list[dict] = field(default_factory=list)
+    greedy: dict | None = None
 
 
 def run(cfg: Config) -> Results:
@@ -110,7 +114,8 @@ def run(cfg: Config) -> Results:
     if cfg.soak:  # distinct prompts fill the prompt cache to its limit, then evict
         with launch.serve("slots", "-np", "4", "-c", "8192", "--cache-ram", str(SOAK_CACHE_RAM_MIB), *server_flags(cfg)) as p:
             soaked = asyncio.run(soak(OpenAIServer("slots (4 x 2048)", p.url, pid=p.process.pid), cfg))
-    targets = report.judge(rows, prefix, soaked, cfg, burst, caching)
+    greedy = greedy_drift(cfg) if cfg.greedy_runs else None  # no server running: the engine has the cores to itself
+    targets = report.judge(rows, prefix, soaked, cfg, burst, caching, greedy)
     plot_path, table_path = cfg.out / "bench.png", cfg.out / "results.md"
     report.plot(rows, plot_path)
     parts = [
@@ -129,6 +134,13 @@ def run(cfg: Config) -> Results:
         parts.append(f"## KV cache beyond one slot (2 slots, --cache-reuse {CACHE_REUSE})\n\n" + report.kv_cache_table(caching))
     if soaked:
         parts.append(f"## Soak (memory, --cache-ram {SOAK_CACHE_RAM_MIB})\n\n" + report.soak_table(soaked))
+    if greedy:
+        parts.append(
+            "## Greedy answers alone vs batched\n\n"
+            f"Chapter 6's {len(greedy['reviews'])} reviews, unconstrained, temperature 0, at most {greedy['max_tokens']} tokens, on an "
+            f"in-process Engine with {greedy['slots']} slots of one KV stream each: every review answered alone, then "
+            f"{greedy['runs']} times all {len(greedy['reviews'])} at once.\n\n" + report.greedy_table(greedy)
+        )
     parts.append("## Targets\n\n" + report.targets_table(targets))
     markdown = "\n\n".join(parts) + "\n"
     table_path.write_text(markdown)
@@ -139,7 +151,8 @@ def run(cfg: Config) -> Results:
         "arrivals": burst,
         "kv_cache": caching,
         "soak": soaked,
+        "greedy": greedy,
         "targets": targets,
     }
     (cfg.out / "results.json").write_text(json.dumps(data, indent=2))
-    return Results(rows, prefix, soaked, targets, markdown, table_path, plot_path, burst, caching)
+    return Results(rows, prefix, soaked, targets, markdown, table_path, plot_path, burst, caching, greedy)

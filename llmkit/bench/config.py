@@ -9,6 +9,7 @@ RAW = "raw decode (no server)"  # the row name of the raw loop
 NO_BUDGET = "slots, no budget"  # the slot server with --step-tokens 0
 CACHE_REUSE = 64  # --cache-reuse of the kv_cache scenario's servers (llama-server's presets use 256)
 SOAK_CACHE_RAM_MIB = 64  # --cache-ram of the soak's server: small, so that 1000 distinct prompts must evict
+GREEDY_SLOTS = 4  # the greedy-drift engine's slots (explicit n_parallel: one KV stream each), as chapter 6's server
 
 
 @dataclass
@@ -30,6 +31,8 @@ class Config:
     arrival_prompts: int = 3  # long prompts arriving at once
     arrival_tokens: int = 350  # tokens of each arriving prompt
     soak_every: int = 100
+    greedy_runs: int = 0  # greedy drift: batched runs of chapter 6's 8 reviews, each compared with the answers alone (0: skip it)
+    greedy_tokens: int = 64  # greedy drift: max_tokens of each answer (chapter 6's MAX_TOKENS)
 
 
 class BenchError(RuntimeError):

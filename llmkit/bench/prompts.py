@@ -1,4 +1,4 @@
-"""What the bench sends: texts to translate, the translation prompt, long made-up texts of a given token count."""
+"""What the bench sends: texts to translate, the translation prompt, long made-up texts of a given token count, chapter 6's reviews."""
 
 from __future__ import annotations
 
@@ -20,6 +20,23 @@ TEXTS = [
     "The sun rises. The sun sets. The moon rises. The moon sets. The stars shine. The wind blows. The rain falls. The snow melts.",
     "spring, summer, autumn, winter, rain, snow, wind, sun, cloud, storm, fog, ice, heat, cold, morning, evening, night",
 ]
+
+# The greedy-drift scenario's requests: chapter 6's reviews and question, copied from
+# notebooks/en/06_structured_output.ipynb, cell 1 (REVIEWS, QUESTION); test_bench checks they still match.
+REVIEWS = [
+    "The battery lasts all day and the screen is gorgeous.",
+    "It broke after two days. Complete waste of money.",
+    "Delivery was on time. The box was brown.",
+    "Absolutely love it, my kids use it every day!",
+    "The sound is tinny and the app keeps crashing.",
+    "It does what it says, nothing more, nothing less.",
+    "Best purchase I have made this year.",
+    "Customer service never answered my emails.",
+]
+QUESTION = (
+    "Analyze the sentiment of this review and return it as JSON with keys "
+    "sentiment (positive/negative/neutral) and confidence (0-1).\n\nReview: "
+)
 
 
 def chat_prompt(text: str) -> str:

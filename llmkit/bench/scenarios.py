@@ -5,11 +5,13 @@
     arrivals      a burst of long prompts while streams run: the streams' worst gap, the arrivals' first token
     kv_cache      a long prefix back from the host-RAM prompt cache on another slot; an edited chat with cache reuse
     soak          many short requests, the server's resident memory sampled as they go
+    greedy_drift  in-process, no server: do greedy answers alone and batched (one KV stream per slot) agree?
 
 A new scenario is an async function here that takes a ``Server`` (and the
 ``Config``) and returns a dict of numbers; ``llmkit.bench.run`` calls it for
 every server, ``report`` turns its results into a table and, if it has a
-target, a line of ``judge``.
+target, a line of ``judge``. (``greedy_drift`` is about llama.cpp's numbers,
+not a server's: it runs once, on an ``Engine`` of its own.)
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
-from llmkit.bench.config import RAW, Config
-from llmkit.bench.prompts import TEXTS
+from llmkit.bench.config import GREEDY_SLOTS, RAW, Config
+from llmkit.bench.prompts import QUESTION, REVIEWS, TEXTS
 from llmkit.bench.servers import OpenAIServer, Server, http_client
 from llmkit.client import StreamResult
 
@@ -278,4 +280,77 @@ async def soak(server: Server, cfg: Config, workers: int = 4) -> dict:
         "rss_last_mb": last,
         "rss_peak_mb": max(rss_mb(pid)[1], *(s[1] for s in samples)),
         "growth": last / first,
+    }
+
+
+# --- greedy drift: the same greedy answers alone and batched? ---------------------------------
+
+
+def same_start(a: str, b: str) -> int:
+    """How many characters ``a`` and ``b`` share before they part."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def greedy_drift(cfg: Config) -> dict:
+    """Chapter 6's 8 reviews, unconstrained and greedy, on an in-process ``Engine`` with 4 slots of one
+    KV stream each (explicit ``n_parallel``: ``kv_unified=False``), as chapter 6's ``-np 4 -c 4096`` server.
+
+    Each review is answered alone (the reference), then alone again (the control: the same batch
+    shapes, so the same answers expected); then ``cfg.greedy_runs`` times all 8 are submitted at once
+    (8 requests on 4 slots: they share steps, and a request waits for a free slot) and every answer
+    is compared with its reference. No prompt is reused from a slot or RAM (``cache_prompt=False``,
+    no prompt cache): every run reads every prompt in full.
+    ``batch_schedules`` counts the distinct step sequences (prompt and generated tokens per step)
+    among the batched runs: how many different batch shapes the runs went through.
+    """
+    from llmkit.engine import Engine
+    from llmkit.llama import SamplingParams
+
+    t0 = time.perf_counter()
+    params = SamplingParams(temperature=0, max_tokens=cfg.greedy_tokens)
+    engine = Engine(cfg.model, n_parallel=GREEDY_SLOTS, n_ctx=GREEDY_SLOTS * cfg.ctx_per_slot, n_threads=cfg.threads, cache_ram_mib=0)
+    starts: list[float] = []  # when each batched run was submitted: its steps are the ones recorded from then until the next
+    schedules: set[tuple[tuple[int, int], ...]] = set()
+
+    def schedule(end: float) -> None:  # the run that started at starts[-1] or [-2]: (prompt, generated) tokens of each step
+        a = starts[-1] if end == float("inf") else starts[-2]
+        schedules.add(tuple((s.n_prompt, s.n_generated) for s in list(engine.steps) if a <= s.t < end))
+
+    with engine:
+        prompts = [engine.model.tokenize_chat([{"role": "user", "content": QUESTION + review}]) for review in REVIEWS]
+
+        def answer(batch: list[list[int]]) -> list[str]:
+            requests = [engine.submit(p, params, cache_prompt=False) for p in batch]  # tokenized already: submitted together
+            return [r.result() for r in requests]
+
+        alone = [answer([p])[0] for p in prompts]
+        again = [answer([p])[0] for p in prompts]
+        batched: list[list[str]] = []
+        for _ in tqdm(range(cfg.greedy_runs), desc="greedy drift", unit="run", leave=False):
+            starts.append(time.perf_counter())
+            batched.append(answer(prompts))
+            if len(starts) > 1:  # the previous run's last step is recorded by now (Engine.steps keeps the last 10,000)
+                schedule(starts[-1])
+    if starts:  # closed: the engine thread has recorded its last step
+        schedule(float("inf"))
+    differed = [[run[i] != alone[i] for run in batched] for i in range(len(REVIEWS))]
+    return {
+        "runs": cfg.greedy_runs,
+        "slots": GREEDY_SLOTS,
+        "max_tokens": cfg.greedy_tokens,
+        "reviews": [
+            {
+                "review": review,
+                "differed": sum(d),
+                "alone": alone[i],
+                "batched_differing": sorted({run[i] for run in batched if run[i] != alone[i]}),
+                "same_chars_before_difference": min((same_start(run[i], alone[i]) for run in batched if run[i] != alone[i]), default=None),
+            }
+            for i, (review, d) in enumerate(zip(REVIEWS, differed, strict=True))
+        ],
+        "runs_with_difference": sum(any(run[i] != alone[i] for i in range(len(REVIEWS))) for run in batched),
+        "alone_twice_identical": again == alone,
+        "alone_twice_differed": sum(a != b for a, b in zip(alone, again, strict=True)),
+        "batch_schedules": len(schedules),
+        "seconds": time.perf_counter() - t0,
     }
