@@ -310,12 +310,6 @@ def greedy_drift(cfg: Config) -> dict:
     params = SamplingParams(temperature=0, max_tokens=cfg.greedy_tokens)
     engine = Engine(cfg.model, n_parallel=GREEDY_SLOTS, n_ctx=GREEDY_SLOTS * cfg.ctx_per_slot, n_threads=cfg.threads, cache_ram_mib=0)
     starts: list[float] = []  # when each batched run was submitted: its steps are the ones recorded from then until the next
-    schedules: set[tuple[tuple[int, int], ...]] = set()
-
-    def schedule(end: float) -> None:  # the run that started at starts[-1] or [-2]: (prompt, generated) tokens of each step
-        a = starts[-1] if end == float("inf") else starts[-2]
-        schedules.add(tuple((s.n_prompt, s.n_generated) for s in list(engine.steps) if a <= s.t < end))
-
     with engine:
         prompts = [engine.model.tokenize_chat([{"role": "user", "content": QUESTION + review}]) for review in REVIEWS]
 
@@ -329,10 +323,9 @@ def greedy_drift(cfg: Config) -> dict:
         for _ in tqdm(range(cfg.greedy_runs), desc="greedy drift", unit="run", leave=False):
             starts.append(time.perf_counter())
             batched.append(answer(prompts))
-            if len(starts) > 1:  # the previous run's last step is recorded by now (Engine.steps keeps the last 10,000)
-                schedule(starts[-1])
-    if starts:  # closed: the engine thread has recorded its last step
-        schedule(float("inf"))
+    steps = list(engine.steps)  # closed: the engine thread has recorded its last step (it keeps the last 10,000)
+    ends = [*starts[1:], float("inf")]
+    schedules = {tuple((s.n_prompt, s.n_generated) for s in steps if a <= s.t < b) for a, b in zip(starts, ends, strict=True)}
     differed = [[run[i] != alone[i] for run in batched] for i in range(len(REVIEWS))]
     return {
         "runs": cfg.greedy_runs,
