@@ -29,7 +29,7 @@ from urllib.parse import urljoin, urlsplit
 import pytest
 
 from filehost import serve_handler
-from helpers import chromium
+from helpers import chromium, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 # Building both editions takes about a minute on 2 idle cores; the first test waits for it.
@@ -422,8 +422,9 @@ def test_a_solution_opens_on_a_click(browser, server, lang):
     assert not code.is_displayed() and not output.is_displayed(), "the solution is open before a click"
     cell.screenshot(str(SCREENSHOTS / f"{lang}-{CHAPTER}-solution-closed.png"))
     summary.click()
-    assert code.is_displayed() and output.is_displayed(), "a click did not open the solution"
     assert cell.find_element(By.CSS_SELECTOR, "details").get_attribute("open") is not None
+    # the theme fades the opened content in (selenium counts opacity 0 as hidden): wait for the end of it
+    wait_until(lambda: code.is_displayed() and output.is_displayed(), 10)
     cell.screenshot(str(SCREENSHOTS / f"{lang}-{CHAPTER}-solution-open.png"))
 
 
