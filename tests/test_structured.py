@@ -524,6 +524,23 @@ def test_integer_ranges_match_exactly(model, lo, hi):
     assert not accepts(model, gbnf, "007") and not accepts(model, gbnf, "1.5")
 
 
+def test_dates_are_days_of_the_calendar(model):
+    """``format: date`` takes exactly the dates a validator takes: no 31 June, 29 February in leap years only.
+
+    (llama.cpp's rule takes any day 01-31; a constrained answer once came out as "7806-06-31".)
+    """
+    dates, times = validator({"type": "string", "format": "date"}), validator({"type": "string", "format": "date-time"})
+    years = ["0000", "0001", "0004", "0100", "0400", "1900", "1999", "2000", "2023", "2024", "2100", "2400", "7806", "9999"]
+    days = ["00", "01", "09", "10", "19", "27", "28", "29", "30", "31", "32", "40"]
+    gbnf = grammar.grammar_from_schema({"type": "string", "format": "date"})
+    assert dates.is_valid("2024-02-29") and not dates.is_valid("2023-02-29")  # the validator checks the calendar
+    for text in (f"{y}-{m:02}-{d}" for y in years for m in range(14) for d in days):
+        assert accepts(model, gbnf, json.dumps(text)) == dates.is_valid(text), text
+    gbnf = grammar.grammar_from_schema({"type": "string", "format": "date-time"})
+    for text in ("2024-02-29T10:00:00Z", "2023-02-29T10:00:00Z", "2023-04-31T23:59:59+09:00", "2023-12-31T23:59:59+09:00"):
+        assert accepts(model, gbnf, json.dumps(text)) == times.is_valid(text), text
+
+
 def accepts(model, gbnf: str, text: str) -> bool:
     """Does the grammar take ``text`` whole (one character per token), then allow the end?"""
     sampler = GrammarSampler(model, gbnf)

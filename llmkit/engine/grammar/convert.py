@@ -7,6 +7,7 @@ with these corrections, taken from the C++ original unless said otherwise:
 - ``minimum``/``maximum``/``exclusive*`` on integers (``ranges``), and on
   numbers (llmkit's own: llama.cpp does not bound numbers);
 - JSON-valid string characters (no raw control characters);
+- dates that exist (llmkit's own: llama.cpp takes 2023-02-31);
 - backslashes escaped in literals;
 - ``minLength``/``maxLength``/``minItems``/``maxItems`` written as GBNF
   ``{m,n}`` instead of one nested group per repetition.
@@ -38,6 +39,18 @@ from llmkit.engine.grammar.ranges import BOUND_KEYS, int_bounds, int_range, numb
 # strings, which the Python port's [^"\\] lets through (json.loads refuses such output).
 _JSON_CHAR = r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})'
 _LITERAL_ESCAPES = {"\r": "\\r", "\n": "\\n", '"': '\\"', "\\": "\\\\"}
+
+# llama.cpp's "date" (also inside "date-time") takes day 01-31 in every month, so 2023-02-31 is an
+# answer that a JSON Schema validator refuses. llmkit's own: the days each month has, 29 February in
+# leap years only (every 4th year, but of the centuries only every 4th), no year 0000.
+_LEAP = '("0" [48] | [2468] [048] | [13579] [26])'  # the two-digit multiples of 4, but 00
+_YEAR = '([1-9] [0-9]{3} | "0" [1-9] [0-9]{2} | "00" [1-9] [0-9] | "000" [1-9])'
+_MONTH_DAY = (
+    '("0" [13578] | "1" [02]) "-" ("0" [1-9] | [12] [0-9] | "3" [01])'
+    ' | ("0" [469] | "11") "-" ("0" [1-9] | [12] [0-9] | "30")'
+    ' | "02-" ("0" [1-9] | "1" [0-9] | "2" [0-8])'
+)
+_DATE = f'{_YEAR} "-" ({_MONTH_DAY}) | ([0-9]{{2}} {_LEAP} | {_LEAP} "00") "-02-29"'
 
 # What the converter turns into grammar (an output always satisfies these) ...
 ENFORCED = {
@@ -89,6 +102,8 @@ class _Converter(llama_grammar.SchemaConverter):
     def _add_primitive(self, name: str, rule: Any) -> str:
         if name == "char":
             rule = llama_grammar.BuiltinRule(_JSON_CHAR, [])
+        elif name == "date":
+            rule = llama_grammar.BuiltinRule(_DATE, [])
         return super()._add_primitive(name, rule)
 
     def visit(self, schema: Any, name: str) -> str:
