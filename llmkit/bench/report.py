@@ -65,6 +65,11 @@ def soak_table(s: dict) -> str:
     )
 
 
+def greedy_control(g: dict) -> str:
+    """The control: each review answered alone twice, identical or how many answers differed."""
+    return "identical" if g["alone_twice_identical"] else f"{g['alone_twice_differed']} of {len(g['reviews'])} answers differed"
+
+
 def greedy_table(g: dict) -> str:
     """Per review: how many batched runs changed its greedy answer; then any review, and the alone-twice control."""
     runs = g["runs"]
@@ -73,9 +78,8 @@ def greedy_table(g: dict) -> str:
         text = r["review"] if len(r["review"]) <= 40 else r["review"][:39] + "…"
         lines.append(f"| {text} | {r['differed']} of {runs} |")
     lines.append(f"| any of the {len(g['reviews'])} | {g['runs_with_difference']} of {runs} |")
-    control = "identical" if g["alone_twice_identical"] else f"{g['alone_twice_differed']} of {len(g['reviews'])} answers differed"
     return "\n".join(lines) + (
-        f"\n\nControl, each review answered alone twice: {control}. "
+        f"\n\nControl, each review answered alone twice: {greedy_control(g)}. "
         f"The {runs} batched runs went through {g['batch_schedules']} distinct batch schedule"
         f"{'s' * (g['batch_schedules'] != 1)} (tokens per step). {g['seconds']:.0f} s in all."
     )
@@ -206,10 +210,9 @@ def judge(
             f"{r or 0:.2f}x",
         )
     if greedy:  # information, not a target: where two tokens are nearly tied, a batch's shape can tip a greedy choice
-        control = "identical" if greedy["alone_twice_identical"] else f"{greedy['alone_twice_differed']} answers differed"
         out.append((f"greedy answers alone vs batched, {len(greedy['reviews'])} requests on {greedy['slots']} slots, one KV stream each",
                     f"{greedy['runs_with_difference']} of {greedy['runs']} batched runs changed at least one answer; "
-                    f"alone twice: {control}", "info"))  # fmt: skip
+                    f"alone twice: {greedy_control(greedy)}", "info"))  # fmt: skip
     others = [s for s in dict.fromkeys(r.server for r in rows) if s not in ("sequential", "slots", NO_BUDGET, RAW)]
     for other in others:  # for information: the production server(s) on the same prompts
         if slots and (o := at.get((other, n))):
