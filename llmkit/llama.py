@@ -369,12 +369,16 @@ class GrammarSampler:
         return one[0].logit != float("-inf")
 
     def candidates(self, logits: np.ndarray) -> lc.llama_token_data_array:
-        """Every token of the vocabulary with its logit, as llama.cpp's samplers take them (one buffer, refilled)."""
+        """Every token of the vocabulary with its logit, as llama.cpp's samplers take them (one buffer, refilled).
+
+        The ids are written again each time: the chain sorts the buffer in place (top_k), so
+        after a pick the entry at position t no longer holds token t.
+        """
         if self._data is None:
             self._data = (lc.llama_token_data * self.model.n_vocab)()
             self._view = np.ctypeslib.as_array(self._data)
-            self._view["id"] = np.arange(self.model.n_vocab, dtype=np.int32)
-        self._view["logit"], self._view["p"] = logits, 0.0
+            self._ids = np.arange(self.model.n_vocab, dtype=np.int32)
+        self._view["id"], self._view["logit"], self._view["p"] = self._ids, logits, 0.0
         return lc.llama_token_data_array(self._data, self.model.n_vocab, -1, False)
 
     def masked(self, logits: np.ndarray) -> lc.llama_token_data_array:

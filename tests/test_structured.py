@@ -20,13 +20,14 @@ from typing import Literal
 
 import httpx
 import jsonschema
+import numpy as np
 import openai
 import pytest
 from pydantic import BaseModel, Field
 
 from llmkit import launch
 from llmkit.engine import grammar
-from llmkit.llama import Grammar, GrammarSampler, Sampler, SamplingParams
+from llmkit.llama import Batch, Context, Grammar, GrammarSampler, Sampler, SamplingParams
 from llmkit.server.protocol import ChatCompletionRequest, constraint_of
 
 MAX_TOKENS = 256
@@ -648,6 +649,27 @@ def test_number_ranges_hold_in_answers(server):
 
 
 # --- one path: constraint -> compiled grammar -> the slot's sampler -----------------------
+
+
+def test_a_sampled_constrained_pick_follows_the_logits_step_after_step(model):
+    """top_k 1 at temperature 0.8 picks the most likely token the grammar allows, at every step.
+
+    The chain sorts the candidates' buffer in place; refilled without its ids, the next step's
+    logits landed on other tokens, and sampled constrained answers were noise (greedy was not hit).
+    """
+    ctx, batch = Context(model, n_ctx=256), Batch(64)
+    prompt = model.tokenize_chat(ask("Describe a cat in one sentence."))
+    for pos, token in enumerate(prompt):
+        last = batch.add(token, pos, 0, pos == len(prompt) - 1)
+    ctx.decode(batch)
+    best = int(np.argmax(np.ctypeslib.as_array(ctx.logits(last))))
+    free = Sampler(model, SamplingParams(temperature=0.8, top_k=1, seed=1, grammar=r"root ::= [^\x00]*"))
+    try:
+        assert [free.sample(ctx, last) for _ in range(3)] == [best] * 3  # the same logits, read three times
+    finally:
+        free.close()
+        batch.close()
+        ctx.close()
 
 
 def test_compile_converts_checks_and_caches(model):
