@@ -17,6 +17,7 @@ llama-server's ``server-context.cpp`` (``llama_decode``, ``common_batch_add``,
 
 from __future__ import annotations
 
+import codecs
 import ctypes
 import functools
 import logging
@@ -80,6 +81,7 @@ class Model:
         self.add_bos = lc.llama_vocab_get_add_bos(self.vocab)
         self.name = self.meta("general.name") or self.path.stem
         self._formatter = self._chat_formatter()
+        self._utf8_masks: dict[bytes, np.ndarray] = {}
 
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(1 << 16)
@@ -126,6 +128,21 @@ class Model:
     @functools.cached_property
     def eog_tokens(self) -> list[int]:
         return [t for t in range(self.n_vocab) if self.is_eog(t)]
+
+    @functools.cached_property
+    def pieces(self) -> list[bytes]:
+        """Every token's bytes, by token id (what ``detokenize`` joins)."""
+        return [self.token_to_piece(t) for t in range(self.n_vocab)]
+
+    def utf8_continues(self, pending: bytes) -> np.ndarray:
+        """Per token: do its bytes, after ``pending`` (the start of a character), keep the text UTF-8?"""
+        mask = self._utf8_masks.get(pending)
+        if mask is None:
+            mask = np.array([utf8_tail(pending, piece) is not None for piece in self.pieces])
+            if len(self._utf8_masks) >= 256:  # one per unfinished character seen: bounded
+                self._utf8_masks.clear()
+            self._utf8_masks[pending] = mask
+        return mask
 
     # chat
 
@@ -336,6 +353,24 @@ class SamplingParams:
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp: pick a random seed
 
 
+def utf8_tail(pending: bytes, piece: bytes) -> bytes | None:
+    """The unfinished character at the end of ``pending + piece``, or None if those bytes cannot be UTF-8."""
+    if not pending and piece.isascii():
+        return b""
+    if pending and piece and not 0x80 <= piece[0] < 0xC0:  # the unfinished character needs a continuation byte
+        return None
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        decoder.decode(pending + piece)
+        tail: bytes = decoder.getstate()[0]
+        if len(tail) > 1:  # Python judges ED A0 (a surrogate) only at the last byte: finish the character
+            size = 3 if tail[0] < 0xF0 else 4  # two bytes and unfinished: a 3- or 4-byte character
+            (tail + b"\x80" * (size - len(tail))).decode()
+    except UnicodeDecodeError:
+        return None
+    return tail
+
+
 class GrammarSampler:
     """llama.cpp's grammar sampler over one model's vocabulary (llama_sampler_init_grammar).
 
@@ -343,6 +378,11 @@ class GrammarSampler:
     ``masked`` sets every token the grammar does not allow here to -inf, ``accept``
     moves the grammar on by one token. llama.cpp aborts the process when a grammar
     accepts a token it does not allow, so callers ask first (``Sampler.sample`` does).
+
+    llmkit's own: a token must also keep the text UTF-8. llama.cpp's grammar reads a
+    character one byte-token at a time and takes some that UTF-8 forbids (overlong
+    F0 82 AA 83, a surrogate, past U+10FFFF); they decode to one U+FFFD per byte,
+    and a string the grammar counted within ``maxLength`` comes out longer.
     """
 
     def __init__(self, model: Model, gbnf: str):
@@ -354,19 +394,21 @@ class GrammarSampler:
         self.model, self.handle = model, handle
         self._free = weakref.finalize(self, lc.llama_sampler_free, handle)  # close() frees it, else the collector
         self._data: ctypes.Array | None = None  # the whole vocabulary as candidates (allocated on first use)
+        self._pending = b""  # the bytes of an unfinished character, accepted so far
         self._one = (lc.llama_token_data * 1)()
 
     def clone(self) -> GrammarSampler:
         """A grammar sampler in this one's state, its own to move on (llama_sampler_clone: no second parse)."""
         twin = GrammarSampler.__new__(GrammarSampler)
         twin._own(self.model, lc.llama_sampler_clone(self.handle))
+        twin._pending = self._pending
         return twin
 
     def allows(self, token: int) -> bool:
         one = self._one
         one[0].id, one[0].logit, one[0].p = token, 1.0, 0.0  # type: ignore[assignment]  # ctypes fields take ints
         lc.llama_sampler_apply(self.handle, ctypes.byref(lc.llama_token_data_array(one, 1, -1, False)))
-        return one[0].logit != float("-inf")
+        return one[0].logit != float("-inf") and utf8_tail(self._pending, self.model.pieces[token]) is not None
 
     def candidates(self, logits: np.ndarray) -> lc.llama_token_data_array:
         """Every token of the vocabulary with its logit, as llama.cpp's samplers take them (one buffer, refilled).
@@ -385,12 +427,14 @@ class GrammarSampler:
         """The candidates with every token the grammar does not allow here at -inf."""
         cur = self.candidates(logits)
         lc.llama_sampler_apply(self.handle, ctypes.byref(cur))
+        self._view["logit"][~self.model.utf8_continues(self._pending)] = float("-inf")
         if not np.isfinite(self._view["logit"]).any():
             raise ValueError("the grammar allows no token here")
         return cur
 
     def accept(self, token: int) -> None:
         lc.llama_sampler_accept(self.handle, token)
+        self._pending = utf8_tail(self._pending, self.model.pieces[token]) or b""
 
     def close(self) -> None:
         self._free()  # once: later calls do nothing
@@ -407,6 +451,7 @@ class Grammar(str):
     def __new__(cls, text: str, model: Model) -> Grammar:
         self = super().__new__(cls, text)
         self.sampler = GrammarSampler(model, text)
+        model.utf8_continues(b"")  # the vocabulary's bytes, read here (~0.4 s once), not in the engine's step
         return self
 
     def __copy__(self) -> Grammar:

@@ -542,6 +542,44 @@ def test_dates_are_days_of_the_calendar(model):
         assert accepts(model, gbnf, json.dumps(text)) == times.is_valid(text), text
 
 
+def test_strings_hold_unicode_characters_written_as_json(model):
+    """A string's characters are UTF-8, with '"' and '\\' escaped.
+
+    llama.cpp's grammar took byte sequences UTF-8 forbids: such an answer decodes with one U+FFFD per
+    byte, past a ``maxLength`` the grammar counted (seen at temperature 1: F0 82 AA 83, overlong). A
+    pattern's ``.`` and ``[^...]`` took a raw '"', which ends the JSON string early.
+    """
+    single = {piece[0]: t for t, piece in enumerate(model.pieces) if len(piece) == 1}
+
+    def takes(gbnf: str, data: bytes) -> bool:  # fed one byte per token, as the model can write it
+        sampler = GrammarSampler(model, gbnf)
+        try:
+            for byte in data:
+                if not sampler.allows(single[byte]):
+                    return False
+                sampler.accept(single[byte])
+            return sampler.allows(model.eog_tokens[0])
+        finally:
+            sampler.close()
+
+    schemas = [{"type": "string", "maxLength": 5}, {"type": "string", "pattern": "^.{1,3}$"},
+               {"type": "string", "pattern": "^[^@]{1,3}$"}]  # fmt: skip
+    for schema in schemas:
+        gbnf = grammar.grammar_from_schema(schema)
+        for text in ("a", "あ", "\U0001f600", "\ud7ff", "\ue000", "\U0010ffff", 'a"b'):
+            written = json.dumps(text, ensure_ascii=False).encode()
+            assert takes(gbnf, written) == ("[^" not in schema.get("pattern", "") or '"' not in text), (schema, text)
+        for data in (b'"\xed\xa0\x80"', b'"\xf4\x90\x80\x80"', b'"\xf0\x82\xaa\x83"', b'"a"b"'):
+            assert not takes(gbnf, data), (schema, data)  # a surrogate, past U+10FFFF, overlong, a raw '"'
+    # the mask agrees: after F0, 82 would make the character overlong; 9F continues it (U+1F600 and others)
+    sampler = GrammarSampler(model, grammar.grammar_from_schema(schemas[0]))
+    for byte in b'"\xf0':
+        sampler.accept(single[byte])
+    cur = sampler.masked(np.zeros(model.n_vocab, dtype=np.float32))
+    assert cur.data[single[0x82]].logit == float("-inf") and cur.data[single[0x9F]].logit == 0
+    sampler.close()
+
+
 def accepts(model, gbnf: str, text: str) -> bool:
     """Does the grammar take ``text`` whole (one character per token), then allow the end?"""
     sampler = GrammarSampler(model, gbnf)

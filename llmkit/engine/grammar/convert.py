@@ -6,7 +6,8 @@ with these corrections, taken from the C++ original unless said otherwise:
 
 - ``minimum``/``maximum``/``exclusive*`` on integers (``ranges``), and on
   numbers (llmkit's own: llama.cpp does not bound numbers);
-- JSON-valid string characters (no raw control characters);
+- JSON-valid string characters (no raw control characters), also (llmkit's own) from a
+  pattern's ``.`` and ``[^...]``, which wrote a raw '"' or '\\';
 - dates that exist (llmkit's own: llama.cpp takes 2023-02-31);
 - backslashes escaped in literals;
 - ``minLength``/``maxLength``/``minItems``/``maxItems`` written as GBNF
@@ -38,6 +39,12 @@ from llmkit.engine.grammar.ranges import BOUND_KEYS, int_bounds, int_range, numb
 # llama.cpp's "char" (common/json-schema-to-grammar.cpp): JSON forbids raw control characters in
 # strings, which the Python port's [^"\\] lets through (json.loads refuses such output).
 _JSON_CHAR = r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})'
+# llmkit's own: a pattern's "." and [^...] inside a JSON string. The port writes [^\x0A\x0D] and the
+# class as it is, so a raw '"' could end the string early and a raw '\\' or control character break
+# the JSON: the dot takes those escaped ('\\"', not '\\n' or '\\r'), a negated class excludes them.
+_JSON_DOT = r'[^"\\\x7F\x00-\x1F] | "\\" ["\\/bft]'
+_JSON_UNSAFE = r'"\\\x00-\x1F\x7F'
+_ESCAPE_OR_CLASS = re.compile(r"\\.|\[(\^?)((?:\\.|[^\]\\])*)\]", re.DOTALL)  # as the port reads a class
 _LITERAL_ESCAPES = {"\r": "\\r", "\n": "\\n", '"': '\\"', "\\": "\\\\"}
 
 # llama.cpp's "date" (also inside "date-time") takes day 01-31 in every month, so 2023-02-31 is an
@@ -98,6 +105,15 @@ class _Converter(llama_grammar.SchemaConverter):
 
     def _format_literal(self, literal: str) -> str:
         return '"' + "".join(_LITERAL_ESCAPES.get(c, c) for c in literal) + '"'
+
+    def _add_rule(self, name: str, rule: str) -> str:
+        return super()._add_rule(name, _JSON_DOT if rule == llama_grammar.DOT else rule)
+
+    def _visit_pattern(self, pattern: str, name: str) -> str:
+        def json_safe(m: re.Match) -> str:
+            return f"[^{_JSON_UNSAFE}{m.group(2)}]" if m.group(1) else m.group(0)
+
+        return super()._visit_pattern(_ESCAPE_OR_CLASS.sub(json_safe, pattern), name)
 
     def _add_primitive(self, name: str, rule: Any) -> str:
         if name == "char":
