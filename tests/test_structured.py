@@ -552,15 +552,7 @@ def test_strings_hold_unicode_characters_written_as_json(model):
     single = {piece[0]: t for t, piece in enumerate(model.pieces) if len(piece) == 1}
 
     def takes(gbnf: str, data: bytes) -> bool:  # fed one byte per token, as the model can write it
-        sampler = GrammarSampler(model, gbnf)
-        try:
-            for byte in data:
-                if not sampler.allows(single[byte]):
-                    return False
-                sampler.accept(single[byte])
-            return sampler.allows(model.eog_tokens[0])
-        finally:
-            sampler.close()
+        return accepts_tokens(model, gbnf, [single[byte] for byte in data])
 
     schemas = [{"type": "string", "maxLength": 5}, {"type": "string", "pattern": "^.{1,3}$"},
                {"type": "string", "pattern": "^[^@]{1,3}$"}]  # fmt: skip
@@ -582,10 +574,18 @@ def test_strings_hold_unicode_characters_written_as_json(model):
 
 def accepts(model, gbnf: str, text: str) -> bool:
     """Does the grammar take ``text`` whole (one character per token), then allow the end?"""
+    tokens = []
+    for ch in text:
+        (token,) = model.tokenize(ch, add_special=False)
+        tokens.append(token)
+    return accepts_tokens(model, gbnf, tokens)
+
+
+def accepts_tokens(model, gbnf: str, tokens: list[int]) -> bool:
+    """Does the grammar take these tokens, one after another, then allow the end?"""
     sampler = GrammarSampler(model, gbnf)
     try:
-        for ch in text:
-            (token,) = model.tokenize(ch, add_special=False)
+        for token in tokens:
             if not sampler.allows(token):
                 return False
             sampler.accept(token)
