@@ -17,7 +17,6 @@ llama-server's ``server-context.cpp`` (``llama_decode``, ``common_batch_add``,
 
 from __future__ import annotations
 
-import codecs
 import ctypes
 import functools
 import logging
@@ -30,6 +29,8 @@ from pathlib import Path
 import llama_cpp as lc
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from llmkit.text import utf8_tail
 
 log = logging.getLogger("llmkit.llama")
 
@@ -351,24 +352,6 @@ class SamplingParams:
 
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp: pick a random seed
-
-
-def utf8_tail(pending: bytes, piece: bytes) -> bytes | None:
-    """The unfinished character at the end of ``pending + piece``, or None if those bytes cannot be UTF-8."""
-    if not pending and piece.isascii():
-        return b""
-    if pending and piece and not 0x80 <= piece[0] < 0xC0:  # the unfinished character needs a continuation byte
-        return None
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    try:
-        decoder.decode(pending + piece)
-        tail: bytes = decoder.getstate()[0]
-        if len(tail) > 1:  # Python judges ED A0 (a surrogate) only at the last byte: finish the character
-            size = 3 if tail[0] < 0xF0 else 4  # two bytes and unfinished: a 3- or 4-byte character
-            (tail + b"\x80" * (size - len(tail))).decode()
-    except UnicodeDecodeError:
-        return None
-    return tail
 
 
 class GrammarSampler:

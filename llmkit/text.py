@@ -1,4 +1,4 @@
-"""Text helpers both servers share: incremental detokenizer and stop-string matcher.
+"""Text helpers both servers share: incremental detokenizer, stop-string matcher, UTF-8 check.
 
 A token is a run of bytes, not of characters: SmolLM2 spells "日" as three
 byte-tokens, so sending each token as it comes would put half a character
@@ -6,7 +6,8 @@ byte-tokens, so sending each token as it comes would put half a character
 back until the character is whole (llama-server: ``validate_utf8`` in
 server-common.cpp). ``StopMatcher`` holds back text that could still become
 a stop string, so that a stop string split across tokens is never emitted
-(llama-server: ``find_stopping_strings`` in server-context.cpp).
+(llama-server: ``find_stopping_strings`` in server-context.cpp). ``utf8_tail``
+tells whether a token's bytes keep the text UTF-8 (the grammar sampler asks it).
 """
 
 from __future__ import annotations
@@ -67,3 +68,21 @@ class StopMatcher:
         """End of generation without a match: the held-back text is real output."""
         out, self._held = self._held, ""
         return out
+
+
+def utf8_tail(pending: bytes, piece: bytes) -> bytes | None:
+    """The unfinished character at the end of ``pending + piece``, or None if those bytes cannot be UTF-8."""
+    if not pending and piece.isascii():
+        return b""
+    if pending and piece and not 0x80 <= piece[0] < 0xC0:  # the unfinished character needs a continuation byte
+        return None
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        decoder.decode(pending + piece)
+        tail: bytes = decoder.getstate()[0]
+        if len(tail) > 1:  # Python judges ED A0 (a surrogate) only at the last byte: finish the character
+            size = 3 if tail[0] < 0xF0 else 4  # two bytes and unfinished: a 3- or 4-byte character
+            (tail + b"\x80" * (size - len(tail))).decode()
+    except UnicodeDecodeError:
+        return None
+    return tail

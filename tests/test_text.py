@@ -1,6 +1,6 @@
 """Detokenizer and stop matcher: the pieces both servers use to turn tokens into safe text."""
 
-from llmkit.text import Detokenizer, StopMatcher
+from llmkit.text import Detokenizer, StopMatcher, utf8_tail
 
 
 def feed(matcher: StopMatcher, pieces: list[str]) -> str:
@@ -54,3 +54,11 @@ def test_no_stops_passes_everything():
     m = StopMatcher([])
     assert feed(m, ["a", "b"]) == "ab"
     assert StopMatcher([""]).push("x") == "x"
+
+
+def test_utf8_tail_keeps_an_unfinished_character_and_refuses_what_utf8_forbids():
+    assert utf8_tail(b"", b"abc") == b"" and utf8_tail(b"", "あ".encode()[:2]) == b"\xe3\x81"
+    assert utf8_tail(b"\xe3\x81", b"\x82") == b""  # あ finished
+    assert utf8_tail(b"\xe3", b"a") is None  # an unfinished character cut short
+    for pending, piece in ((b"", b"\x80"), (b"", b"\xf0\x82"), (b"\xed", b"\xa0"), (b"\xf4", b"\x90"), (b"", b"\xc1")):
+        assert utf8_tail(pending, piece) is None, (pending, piece)  # stray, overlong, surrogate, past U+10FFFF, overlong
