@@ -8,7 +8,8 @@ and freeing it in ``close()``:
 - ``Batch``    the tokens handed to one ``llama_decode`` call          (llama_batch)
 - ``Sampler``  a sampler chain that picks the next token               (llama_sampler)
 - ``GrammarSampler`` a grammar over the vocabulary, the only token mask (llama_sampler_init_grammar);
-  ``Grammar`` is GBNF text with its checked parse, which each slot's ``Sampler`` clones
+  ``Grammar`` is GBNF text with its checked parse, which each slot's ``Sampler`` clones;
+  ``Trigger`` holds a lazy grammar back until its word is written
 
 Nothing here knows about HTTP, slots or requests. The same calls appear in
 llama-server's ``server-context.cpp`` (``llama_decode``, ``common_batch_add``,
@@ -83,6 +84,7 @@ class Model:
         self.name = self.meta("general.name") or self.path.stem
         self._formatter = self._chat_formatter()
         self._utf8_masks: dict[bytes, np.ndarray] = {}
+        self._word_masks: dict[tuple[bytes, int], np.ndarray] = {}  # Trigger's, per word and bytes written
 
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(1 << 16)
@@ -145,10 +147,20 @@ class Model:
             self._utf8_masks[pending] = mask
         return mask
 
+    def ends_word(self, word: bytes, n_written: int) -> np.ndarray:
+        """Per token: after the first ``n_written`` bytes of ``word``, would its bytes write the rest of
+        ``word`` only at their very end, or not write ``word`` at all? (``Trigger`` asks it.)"""
+        key = (word, n_written)
+        mask = self._word_masks.get(key)
+        if mask is None:
+            texts = (word[:n_written] + piece for piece in self.pieces)
+            mask = self._word_masks[key] = np.array([(at := t.find(word)) < 0 or at + len(word) == len(t) for t in texts])
+        return mask
+
     # chat
 
     def _chat_formatter(self) -> Jinja2ChatFormatter | None:
-        template = self.meta("tokenizer.chat_template")
+        template = self.chat_template
         if not template:
             return None
 
@@ -161,14 +173,19 @@ class Model:
             bos_token=text(lc.llama_vocab_bos(self.vocab)),
         )
 
-    def apply_chat_template(self, messages: list[dict]) -> str:
-        """Render messages with the model's own template (GGUF ``tokenizer.chat_template``)."""
+    @property
+    def chat_template(self) -> str:
+        return self.meta("tokenizer.chat_template") or ""
+
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """Render messages with the model's own template (GGUF ``tokenizer.chat_template``);
+        ``tools``: the template's ``tools`` variable, for a template that describes them itself."""
         if self._formatter is None:
             raise ValueError(f"model {self.name!r} has no chat template")
-        return self._formatter(messages=messages).prompt  # type: ignore[arg-type]  # OpenAI-shaped dicts, not its TypedDicts
+        return self._formatter(messages=messages, tools=tools).prompt  # type: ignore[arg-type]  # OpenAI-shaped dicts, not its TypedDicts
 
-    def tokenize_chat(self, messages: list[dict]) -> list[int]:
-        prompt = self.apply_chat_template(messages)
+    def tokenize_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        prompt = self.apply_chat_template(messages, tools)
         bos = self._formatter.bos_token if self._formatter else ""
         # A template that writes BOS itself must not get a second one from the tokenizer.
         add_special = not (bos and prompt.startswith(bos))
@@ -349,6 +366,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     grammar: str | None = None  # GBNF text (root rule "root"), or a Grammar: parsed and checked once (grammar.compile)
+    grammar_trigger: str | None = None  # lazy grammar: free text until this word is written, then the grammar
 
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp: pick a random seed
@@ -393,8 +411,9 @@ class GrammarSampler:
         lc.llama_sampler_apply(self.handle, ctypes.byref(lc.llama_token_data_array(one, 1, -1, False)))
         return one[0].logit != float("-inf") and utf8_tail(self._pending, self.model.pieces[token]) is not None
 
-    def candidates(self, logits: np.ndarray) -> lc.llama_token_data_array:
-        """Every token of the vocabulary with its logit, as llama.cpp's samplers take them (one buffer, refilled).
+    def candidates(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> lc.llama_token_data_array:
+        """Every token of the vocabulary with its logit, as llama.cpp's samplers take them (one buffer, refilled);
+        with ``allowed`` (a mask over the vocabulary), the others at -inf.
 
         The ids are written again each time: the chain sorts the buffer in place (top_k), so
         after a pick the entry at position t no longer holds token t.
@@ -404,13 +423,14 @@ class GrammarSampler:
             self._view = np.ctypeslib.as_array(self._data)
             self._ids = np.arange(self.model.n_vocab, dtype=np.int32)
         self._view["id"], self._view["logit"], self._view["p"] = self._ids, logits, 0.0
+        if allowed is not None:
+            self._view["logit"][~allowed] = float("-inf")
         return lc.llama_token_data_array(self._data, self.model.n_vocab, -1, False)
 
     def masked(self, logits: np.ndarray) -> lc.llama_token_data_array:
         """The candidates with every token the grammar does not allow here at -inf."""
-        cur = self.candidates(logits)
+        cur = self.candidates(logits, self.model.utf8_continues(self._pending))
         lc.llama_sampler_apply(self.handle, ctypes.byref(cur))
-        self._view["logit"][~self.model.utf8_continues(self._pending)] = float("-inf")
         if not np.isfinite(self._view["logit"]).any():
             raise ValueError("the grammar allows no token here")
         return cur
@@ -421,6 +441,35 @@ class GrammarSampler:
 
     def close(self) -> None:
         self._free()  # once: later calls do nothing
+
+
+class Trigger:
+    """Where a lazy grammar starts: the text runs free until ``word`` is written, and the grammar
+    applies from the next token on (llama.cpp: ``grammar_lazy`` and its trigger words, which
+    ``common/chat.cpp`` sets for a tool call that the model may or may not make).
+
+    llmkit's own: ``word`` must end where a token ends. A token that would write past it (``>{"``
+    after ``<tool_call``) is refused, and the sampler picks among the others, so the grammar
+    starts on a token boundary. llama.cpp instead replays the rest of such a token into the
+    grammar, and the process aborts when that rest does not fit it.
+    """
+
+    def __init__(self, model: Model, word: str):
+        self.model, self.word = model, word.encode()
+        self.n_written = 0  # how much of ``word`` the text ends with (a proper prefix of it)
+        self.fired = False
+
+    def allowed(self) -> np.ndarray:
+        """Per token: may it come next? (every token but those that would write past ``word``)"""
+        return self.model.ends_word(self.word, self.n_written)
+
+    def allows(self, token: int) -> bool:
+        return bool(self.allowed()[token])
+
+    def accept(self, token: int) -> None:
+        text = self.word[: self.n_written] + self.model.pieces[token]
+        self.fired = text.endswith(self.word)
+        self.n_written = next((n for n in range(min(len(text), len(self.word) - 1), 0, -1) if text.endswith(self.word[:n])), 0)
 
 
 class Grammar(str):
@@ -464,11 +513,14 @@ class Sampler:
         self.handle = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
         Sampler.live += 1
         self.grammar: GrammarSampler | None = None
+        self.trigger: Trigger | None = None  # a lazy grammar's, until it fires
         try:
             if isinstance(params.grammar, Grammar) and params.grammar.sampler.model is model:
                 self.grammar = params.grammar.sampler.clone()
             elif params.grammar is not None:
                 self.grammar = GrammarSampler(model, params.grammar)
+            if self.grammar is not None and params.grammar_trigger:
+                self.trigger = Trigger(model, params.grammar_trigger)
             for sampler in self._stages(model, params):
                 if not sampler:
                     raise ValueError("llama.cpp could not build a sampler stage")
@@ -506,9 +558,16 @@ class Sampler:
         # allows it (one token to check, not the whole vocabulary); else mask, sample again.
         logits = np.ctypeslib.as_array(ctx.logits(i))
         token = self._pick(grammar.candidates(logits))
-        if not grammar.allows(token):
-            token = self._pick(grammar.masked(logits))
-        grammar.accept(token)
+        if (trigger := self.trigger) is not None:  # a lazy grammar: only the trigger word's end is checked
+            if not trigger.allows(token):
+                token = self._pick(grammar.candidates(logits, trigger.allowed()))
+            trigger.accept(token)
+            if trigger.fired:
+                self.trigger = None  # the grammar applies from the next token
+        else:
+            if not grammar.allows(token):
+                token = self._pick(grammar.masked(logits))
+            grammar.accept(token)
         lc.llama_sampler_accept(self.handle, token)
         return token
 

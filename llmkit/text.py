@@ -41,6 +41,7 @@ class StopMatcher:
         self._held = ""
         self.stopped = False
         self.word = ""  # the stop string that matched (the earliest; at a tie, the first listed)
+        self.after = ""  # the text that came after it, in the same push
 
     def push(self, text: str) -> str:
         """Add text; return the part that is safe to emit. Sets ``stopped`` on a match."""
@@ -51,7 +52,7 @@ class StopMatcher:
         if hits:
             at, self.word = min(hits, key=lambda hit: hit[0])
             self.stopped = True
-            out, self._held = self._held[:at], ""
+            out, self.after, self._held = self._held[:at], self._held[at + len(self.word) :], ""
             return out
         keep = max((self._partial_len(s) for s in self.stops), default=0)
         out, self._held = self._held[: len(self._held) - keep], self._held[len(self._held) - keep :]

@@ -25,23 +25,26 @@ from llmkit.engine.engine import Counters
 from llmkit.server import Settings, create_app
 from llmkit.server.state import ServingEngine
 
+from helpers import wait_until
+
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "stream": True}
 
 
 class FakeModel:
     n_vocab = 100
     path = Path("fake.gguf")
+    chat_template = "<role>content"
 
     def tokenize(self, text: str, **_: object) -> list[int]:
         return [1] * max(1, len(text.split()))
 
-    def tokenize_chat(self, messages: list[dict]) -> list[int]:
+    def tokenize_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         return [1, 2, 3]
 
-    def token_to_piece(self, token: int) -> bytes:
+    def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
         return b"x"
 
-    def apply_chat_template(self, messages: list[dict]) -> str:
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         return "".join(f"<{m['role']}>{m['content']}" for m in messages)
 
 
@@ -199,3 +202,76 @@ def test_a_lone_surrogate_in_a_message_is_a_400():
         assert r.json() == {
             "error": {"code": 400, "message": "the text is not valid Unicode (it holds a lone surrogate)", "type": "invalid_request_error"}
         }
+
+
+# --- a client that leaves; errors in each API's shape ---------------------------------
+
+GENERATION_ROUTES = {
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}]},
+    "/v1/completions": {"prompt": "Hi"},
+    "/completion": {"prompt": "Hi"},
+    "/v1/responses": {"input": "Hi"},
+    "/v1/messages": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8},
+}
+
+
+@pytest.mark.parametrize("path", GENERATION_ROUTES)
+def test_a_client_that_leaves_a_whole_answer_cancels_its_request(path):
+    """No byte of a whole answer is written before its end, so only the read side can tell that the client
+    has gone: the request must be cancelled (its slot freed) then, not when the generation ends."""
+    started = []
+
+    def never_ends(r: Request) -> None:  # as the engine does on cancel: end it
+        r.on_cancel = lambda: r.finish("cancelled")
+        started.append(r)
+
+    with launch.serve_app(create_app(FakeEngine(never_ends), Settings(alias="fake"))) as url:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url + path, json=GENERATION_ROUTES[path], timeout=httpx.Timeout(10, read=0.5))
+        wait_until(lambda: started and started[0].done, timeout=5)
+        assert started[0].cancelled and started[0].finish_reason == "cancelled"
+
+
+def test_anthropic_routes_answer_errors_in_anthropics_shape():
+    app = create_app(FakeEngine(), Settings(alias="fake", api_key="k"))
+    with launch.serve_app(app) as url:
+        r = httpx.post(url + "/v1/messages", json={"messages": []})
+        assert r.status_code == 401
+        assert r.json() == {"type": "error", "error": {"type": "authentication_error", "message": "Invalid API Key"}}
+        key = {"x-api-key": "k"}
+        r = httpx.post(url + "/v1/messages", json={"messages": [{"role": "robot", "content": "x"}]}, headers=key)
+        assert r.status_code == 400 and r.json()["type"] == "error"
+        error = r.json()["error"]
+        assert error["type"] == "invalid_request_error" and "'max_tokens'" in error["message"] and "'messages.0.role'" in error["message"]
+        image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA"}}
+        r = httpx.post(url + "/v1/messages", json={"max_tokens": 5, "messages": [{"role": "user", "content": [image]}]}, headers=key)
+        assert r.status_code == 400 and "image input is not supported" in r.json()["error"]["message"]
+        r = httpx.post(url + "/v1/messages/count_tokens", json={"messages": [{"role": "user", "content": "Hi"}]}, headers=key)
+        assert r.status_code == 200 and r.json() == {"input_tokens": 3}
+        # the other APIs keep theirs
+        r = httpx.post(url + "/v1/responses", json={"input": "Hi", "previous_response_id": "resp_1"}, headers=key)
+        assert r.status_code == 400 and "send the whole conversation" in r.json()["error"]["message"] and r.json()["error"]["code"] == 400
+        for body, words in (
+            ({"input": "Hi", "tools": [{"type": "web_search"}]}, "'tools.0': Value error, only function tools run on this server"),
+            ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "text only"),
+            ({"input": [{"type": "item_reference", "id": "x"}]}, "'input"),
+            ({"input": "Hi", "max_output_tokens": 0}, "'max_output_tokens'"),
+        ):
+            r = httpx.post(url + "/v1/responses", json=body, headers=key)
+            assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+
+
+def test_an_engine_error_mid_stream_is_an_error_event_in_each_apis_shape():
+    def script(r: Request) -> None:
+        r.emit(Piece("Hel", [1]))
+        r.finish(None, EngineError("llama_decode failed"))
+
+    with launch.serve_app(create_app(FakeEngine(script), Settings(alias="fake"))) as url:
+        r = httpx.post(url + "/v1/messages", json={**GENERATION_ROUTES["/v1/messages"], "stream": True})
+        *_, last = r.text.strip().split("\n\n")
+        assert last == 'event: error\ndata: {"type":"error","error":{"type":"api_error","message":"llama_decode failed"}}'
+        r = httpx.post(url + "/v1/responses", json={"input": "Hi", "stream": True})
+        name, data = r.text.strip().split("\n\n")[-1].split("\n")
+        failed = json.loads(data.removeprefix("data: "))
+        assert name == "event: response.failed" and failed["response"]["status"] == "failed"
+        assert failed["response"]["error"] == {"code": "server_error", "message": "llama_decode failed"}

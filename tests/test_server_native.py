@@ -233,6 +233,36 @@ def test_completion_stream_stop_word(server):
     assert (final["stop_type"], final["stopping_word"]) == ("word", word)
 
 
+def test_several_prompts_are_several_completions(server):
+    """As llama-server's test_completion_with_tokens_input: a list of prompts is answered with a list, one
+    completion each, in order; token ids and text for the same prompt give the same greedy answer."""
+    text = "I believe the meaning of life is"
+    tokens = tokenize(server, text)
+    (alone,) = [complete(server, prompt=tokens, n_predict=8)]
+    for prompt in ([tokens, tokens], [tokens, text], [tokens, {"prompt_string": text}]):
+        r = post(server, "/completion", {"prompt": prompt, "n_predict": 8})
+        assert r.status_code == 200, r.text
+        answers = r.json()
+        assert isinstance(answers, list) and [a["index"] for a in answers] == [0, 1]
+        assert [a["content"] for a in answers] == [alone["content"]] * 2
+    _, events = stream_events(server, "/completion", {"prompt": [tokens, text], "n_predict": 8})
+    chunks = [json.loads(e) for e in events]
+    for index in (0, 1):
+        mine = [c for c in chunks if c["index"] == index]
+        assert "".join(c["content"] for c in mine) == alone["content"] and [c["stop"] for c in mine][-1] is True
+
+
+def test_the_generation_rate_excludes_the_first_token(server):
+    """As llama-server (test_metrics_generation_rate_excludes_first_token): the first token comes from the
+    prompt's last step, so the rate counts decode steps, one fewer than tokens."""
+    one = complete(server, prompt="I believe", n_predict=1)["timings"]
+    assert (one["predicted_n"], one["predicted_per_second"], one["predicted_per_token_ms"]) == (1, 0.0, 0.0)
+    many = complete(server, prompt="I believe", n_predict=16)["timings"]
+    assert many["predicted_n"] == 16
+    assert many["predicted_per_second"] == pytest.approx(1e3 / many["predicted_ms"] * 15)
+    assert many["predicted_per_token_ms"] == pytest.approx(many["predicted_ms"] / 15)
+
+
 # --- bad input ------------------------------------------------------------------------------
 
 
@@ -243,7 +273,8 @@ def test_completion_stream_stop_word(server):
         ({"prompt": {"text": "hi"}}, ["'prompt'", "prompt_string"]),
         ({"prompt": [1.5, 2]}, ["'prompt'"]),
         ({"prompt": [True, 2]}, ["'prompt'"]),
-        ({"prompt": ["one", "two"]}, ["'prompt'", "one prompt per request"]),
+        ({"prompt": ["one"] * 65}, ["'prompt'", "at most 64 prompts"]),
+        ({"prompt": ["one", 42.5]}, ["'prompt'", "a string, a list of token ids"]),
         ({"prompt": []}, ["'prompt'", "empty"]),
         ({"prompt": {"prompt_string": "hi", "multimodal_data": ["AAAA"]}}, ["'prompt'", "multimodal_data"]),
         ({"prompt": [1, 10**9]}, ["'prompt'", "vocabulary"]),

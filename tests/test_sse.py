@@ -7,9 +7,17 @@ import json
 from llmkit.engine import Piece, Request
 from llmkit.engine.request import TokenLogprob
 from llmkit.llama import SamplingParams
-from llmkit.server.sse import DONE, Formatter, NativeFormatter, event
+from llmkit.server.sse import DONE, Formatter, NativeFormatter, event, named_event
+from llmkit.server.tools import TextParser
 
 PIECES = {1: b"He", 2: b"llo", 3: b"\xe2\x82\xac"}  # token id -> bytes (3: the euro sign)
+
+
+def text(pieces: list[Piece]) -> TextParser:
+    answer = TextParser()
+    for p in pieces:
+        answer.push(p.text)
+    return answer
 
 
 def finished(output: list[int], reason: str = "stop") -> Request:
@@ -27,9 +35,10 @@ def test_an_event_is_compact_utf8_and_ends_with_a_blank_line():
 def test_a_chat_stream_opens_with_the_role_and_closes_with_the_reason_then_usage():
     fmt = Formatter(True, "m", "fp", token_piece=PIECES.__getitem__)
     request = finished([1, 2])
-    (opening,) = fmt.opening()
-    first, second = fmt.chunk(request, Piece("He", [1])), fmt.chunk(request, Piece("llo", [2]))
-    reason, totals = fmt.closing(request, include_usage=True)
+    (opening,) = fmt.opening(request)
+    pieces = [Piece("He", [1]), Piece("llo", [2])]
+    (first,), (second,) = (fmt.chunk(request, p, text([p]).push(p.text)) for p in pieces)
+    reason, totals = fmt.closing(request, text(pieces), include_usage=True)
 
     assert opening["choices"][0]["delta"] == {"role": "assistant", "content": None}
     assert [c["choices"][0]["delta"] for c in (first, second)] == [{"content": "He"}, {"content": "llo"}]
@@ -43,14 +52,16 @@ def test_a_chat_stream_opens_with_the_role_and_closes_with_the_reason_then_usage
 
 
 def test_without_usage_the_timings_ride_on_the_reason_chunk():
-    (reason,) = Formatter(True, "m", "fp").closing(finished([1], "length"), include_usage=False)
+    (reason,) = Formatter(True, "m", "fp").closing(finished([1], "length"), TextParser(), include_usage=False)
     assert reason["choices"][0]["finish_reason"] == "length" and "timings" in reason and "usage" not in reason
 
 
 def test_a_whole_text_completion():
     fmt = Formatter(False, "m", "fp")
-    body = fmt.response(finished([1, 2]), [Piece("He", [1]), Piece("llo", [2])])
-    assert fmt.opening() == [] and fmt.id.startswith("cmpl-") and body["object"] == "text_completion"
+    pieces = [Piece("He", [1]), Piece("llo", [2])]
+    request = finished([1, 2])
+    body = fmt.response(request, pieces, text(pieces))
+    assert fmt.opening(request) == [] and fmt.id.startswith("cmpl-") and body["object"] == "text_completion"
     assert body["choices"] == [{"index": 0, "text": "Hello", "logprobs": None, "finish_reason": "stop"}]
     assert body["usage"]["completion_tokens"] == 2 and body["model"] == "m" and body["system_fingerprint"] == "fp"
 
@@ -70,18 +81,88 @@ def test_logprobs_in_the_chat_shape_and_the_legacy_text_shape():
 def test_a_native_stream_counts_its_tokens_and_ends_without_done():
     fmt = NativeFormatter("m", "<prompt>", stream=True)
     request = finished([1, 2, 3])
-    chunks = [fmt.chunk(request, Piece("He", [1])), fmt.chunk(request, Piece("llo€", [2, 3]))]
-    (last,) = fmt.closing(request, include_usage=True)
+    chunks = [c for p in (Piece("He", [1]), Piece("llo€", [2, 3])) for c in fmt.chunk(request, p, [])]
+    (last,) = fmt.closing(request, TextParser(), include_usage=True)
     assert [(c["content"], c["tokens"], c["tokens_predicted"], c["stop"]) for c in chunks] == [
         ("He", [1], 1, False), ("llo€", [2, 3], 3, False)]  # fmt: skip
     assert last["stop"] is True and last["content"] == "" and last["tokens"] == [] and last["tokens_predicted"] == 3
     assert last["prompt"] == "<prompt>" and last["generation_settings"]["stream"] is True and last["id_slot"] == 0
-    assert fmt.opening() == [] and fmt.done is None
+    assert fmt.opening(request) == [] and fmt.done is None
     assert json.loads(event(last).removeprefix("data: "))["timings"] == request.timings.to_dict()
 
 
 def test_a_whole_native_answer_lists_its_tokens_only_if_asked():
     request, pieces = finished([1, 2]), [Piece("He", [1]), Piece("llo", [2])]
-    assert NativeFormatter("m", "p").response(request, pieces)["tokens"] == []
-    body = NativeFormatter("m", "p", return_tokens=True).response(request, pieces)
+    assert NativeFormatter("m", "p").response(request, pieces, text(pieces))["tokens"] == []
+    body = NativeFormatter("m", "p", return_tokens=True).response(request, pieces, text(pieces))
     assert body["tokens"] == [1, 2] and body["content"] == "Hello" and body["tokens_evaluated"] == 3
+
+
+# --- the Responses and Messages APIs: named events, typed items and blocks ---------------
+
+CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
+
+
+def stream_of(fmt, request: Request, texts: list[str], answer) -> list[dict]:
+    """Every event of a stream, as ``generation.answer`` asks for them."""
+    events = fmt.opening(request)
+    for t in texts:
+        events += fmt.chunk(request, Piece(t, [1]), answer.push(t))
+    return events + fmt.chunk(request, Piece("", []), answer.finish()) + fmt.closing(request, answer, False)
+
+
+def test_a_responses_stream_opens_items_and_parts_in_openais_order():
+    from llmkit.server.responses import ResponsesFormatter
+    from llmkit.server.tools import CallParser
+
+    fmt, request = ResponsesFormatter("m", {"tools": []}), finished([1, 2, 3])
+    events = stream_of(fmt, request, ["Hi", " there", CALL[:20], CALL[20:]], CallParser())
+    kinds = [e["type"].removeprefix("response.") for e in events]
+    assert kinds[:5] == ["created", "in_progress", "output_item.added", "content_part.added", "output_text.delta"]
+    assert kinds[5:] == [
+        "output_text.delta", "output_text.done", "content_part.done", "output_item.done",  # the message, closed by the call
+        "output_item.added", *["function_call_arguments.delta"] * (kinds.count("function_call_arguments.delta")),
+        "function_call_arguments.done", "output_item.done", "completed",
+    ]  # fmt: skip
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    done = events[-1]["response"]
+    message, call = done["output"]
+    assert message["content"][0]["text"] == "Hi there" and message["status"] == "completed"
+    assert (call["type"], call["name"], json.loads(call["arguments"])) == ("function_call", "add", {"a": 1})
+    assert call["id"].startswith("fc_") and call["call_id"].startswith("call_") and call["id"][3:] == call["call_id"][5:]
+    assert {e.get("output_index") for e in events if "item" in e} == {0, 1}
+    assert done["usage"]["input_tokens_details"]["cached_tokens"] == 2 and done["status"] == "completed" and done["tools"] == []
+    assert events[0]["response"]["status"] == "in_progress" and events[0]["response"]["output"] == []
+    # cut by the budget: incomplete, and the whole answer says the same
+    cut = finished([1, 2], "length")
+    body = ResponsesFormatter("m", {}).response(cut, [], text([Piece("Hi", [1])]))
+    assert (body["status"], body["incomplete_details"], body["output"][0]["status"]) == (
+        "incomplete",
+        {"reason": "max_output_tokens"},
+        "incomplete",
+    )
+
+
+def test_a_messages_stream_numbers_its_blocks_and_ends_with_the_stop_reason():
+    from llmkit.server.messages import MessagesFormatter
+    from llmkit.server.tools import CallParser
+
+    fmt, request = MessagesFormatter("m"), finished([1, 2, 3])
+    events = stream_of(fmt, request, ["Hi", CALL], CallParser())
+    assert [e["type"] for e in events] == [
+        "message_start", "ping", "content_block_start", "content_block_delta", "content_block_stop",
+        "content_block_start", *["content_block_delta"] * (len(events) - 9), "content_block_stop", "message_delta", "message_stop",
+    ]  # fmt: skip
+    start = events[0]["message"]
+    assert start["content"] == [] and start["stop_reason"] is None and start["usage"] == {
+        "input_tokens": 1, "cache_read_input_tokens": 2, "cache_creation_input_tokens": 0, "output_tokens": 0}  # fmt: skip
+    blocks = [e for e in events if e["type"] == "content_block_start"]
+    assert [(b["index"], b["content_block"]["type"]) for b in blocks] == [(0, "text"), (1, "tool_use")]
+    tool_json = "".join(e["delta"]["partial_json"] for e in events if e.get("index") == 1 and e["type"] == "content_block_delta")
+    assert json.loads(tool_json) == {"a": 1} and blocks[1]["content_block"]["id"].startswith("toolu_")
+    assert events[-2]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None} and events[-2]["usage"] == {"output_tokens": 3}
+    # whole: the same blocks; a stop string is the stop_sequence
+    request.stop_type, request.stopping_word = "word", "END"
+    body = MessagesFormatter("m").response(request, [], text([Piece("Hi", [1])]))
+    assert body["content"] == [{"type": "text", "text": "Hi"}] and (body["stop_reason"], body["stop_sequence"]) == ("stop_sequence", "END")
+    assert named_event({"type": "ping"}) == 'event: ping\ndata: {"type":"ping"}\n\n'

@@ -5,6 +5,8 @@ The routes live by role (llama-server's paths: without ``/v1``,
 ``/completions`` and ``/embeddings`` are its own dialect, not OpenAI's):
 
     generation   POST /v1/chat/completions, /v1/completions, /completion ...   (chat, text, native)
+    responses    POST /v1/responses, /v1/responses/input_tokens                 (OpenAI Responses)
+    messages     POST /v1/messages, /v1/messages/count_tokens                   (Anthropic Messages)
     embeddings   POST /v1/embeddings, /embedding, /embeddings
     info         GET /health, /v1/models, /props, /slots, /metrics; POST /tokenize, /detokenize, /apply-template
 """
@@ -17,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
 
-from llmkit.server import embeddings, errors, generation, info
+from llmkit.server import embeddings, errors, generation, info, messages, responses
 from llmkit.server.middleware import AccessLog, Gate
 from llmkit.server.state import ServerState, ServingEngine, Settings
 
@@ -50,6 +52,6 @@ def create_app(engine: ServingEngine | Callable[[], ServingEngine], settings: Se
     errors.install(app)
     app.add_middleware(Gate, not_ready=state.not_ready, api_key=state.settings.api_key, max_body_size=state.settings.max_body_size)
     app.add_middleware(AccessLog)  # added last: outermost, so it logs the gate's answers too
-    for routes in (info.router, embeddings.router, generation.router):
+    for routes in (info.router, embeddings.router, generation.router, responses.router, messages.router):
         app.include_router(routes)
     return app

@@ -1,6 +1,7 @@
 """Every error the slot server answers, in one shape (~ llama-server's format_error_response, server-common.cpp).
 
     {"error": {"code": 400, "message": "...", "type": "invalid_request_error"}}
+    {"type": "error", "error": {"type": "invalid_request_error", "message": "..."}}     (Anthropic's routes)
 
 Routes raise ``ApiError``; FastAPI's own exceptions (bad JSON, wrong field
 types, unknown routes) and anything unexpected are turned into the same
@@ -39,6 +40,24 @@ TYPES = {
 }
 
 
+# Anthropic's error types by HTTP status (its Messages API answers {"type": "error", "error": {"type", "message"}})
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+ANTHROPIC_PATHS = ("/v1/messages",)  # and what is under it (/v1/messages/count_tokens)
+
+
+def speaks_anthropic(path: str) -> bool:
+    """Is ``path`` an Anthropic route, whose errors come in Anthropic's shape?"""
+    return path.startswith(ANTHROPIC_PATHS)
+
+
 class ApiError(Exception):
     """An error answer: HTTP status, message, llama-server's error type, and any extra fields."""
 
@@ -55,8 +74,13 @@ class ApiError(Exception):
     def body(self) -> dict:
         return {"error": {"code": self.status, "message": str(self), "type": self.type, **self.extra}}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+    def anthropic_body(self) -> dict:
+        kind = ANTHROPIC_TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "api_error")
+        return {"type": "error", "error": {"type": kind, "message": str(self)}}
+
+    def response(self, path: str = "") -> JSONResponse:
+        """The answer, in the shape of the API that ``path`` belongs to."""
+        return JSONResponse(self.anthropic_body() if speaks_anthropic(path) else self.body(), status_code=self.status)
 
 
 def describe_validation_errors(errors: list[dict]) -> str:
@@ -104,26 +128,26 @@ def install(app: FastAPI) -> None:
     """Register the handlers that give every failure the error shape."""
 
     @app.exception_handler(ApiError)
-    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return exc.response()
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return exc.response(request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI answers 422; OpenAI and llama-server answer 400 (and llama-server 500 for bad JSON).
-        return ApiError(400, describe_validation_errors(list(exc.errors()))).response()
+        return ApiError(400, describe_validation_errors(list(exc.errors()))).response(request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = "File Not Found" if exc.status_code == 404 else str(exc.detail)  # llama-server's 404 text
-        return ApiError(exc.status_code, message).response()
+        return ApiError(exc.status_code, message).response(request.url.path)
 
     @app.exception_handler(EngineError)
-    async def engine_error(_: Request, exc: EngineError) -> JSONResponse:
-        return ApiError(500, str(exc)).response()
+    async def engine_error(request: Request, exc: EngineError) -> JSONResponse:
+        return ApiError(500, str(exc)).response(request.url.path)
 
     @app.exception_handler(Exception)
     async def crash(request: Request, exc: Exception) -> JSONResponse:
         # Starlette's outermost middleware calls this, sends our JSON, then re-raises
         # so that uvicorn logs the traceback; the server keeps serving.
         log.error("%s %s failed: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
-        return ApiError(500, f"Internal server error: {type(exc).__name__}: {exc}").response()
+        return ApiError(500, f"Internal server error: {type(exc).__name__}: {exc}").response(request.url.path)

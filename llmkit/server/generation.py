@@ -1,17 +1,20 @@
 """The generation routes: chat, text and native completions (~ llama-server's post_chat_completions,
-post_completions and handle_completions_impl in server-context.cpp).
+post_completions and handle_completions_impl in server-context.cpp), and ``generate``, which the
+Responses and Messages routes (``responses``, ``messages``) share.
 
-    POST /v1/chat/completions, /chat/completions    OpenAI chat, whole or streamed (SSE)
+    POST /v1/chat/completions, /chat/completions    OpenAI chat, whole or streamed (SSE), tools included
     POST /v1/completions                            OpenAI text completion, whole or streamed
     POST /completion, /completions                  llama-server's own completion (prompt as text and/or token ids)
 
-The three differ only in how the prompt is made and how the answer is shaped
-(``sse.Formatter``, ``sse.NativeFormatter``); all go through ``generate``:
-submit to the engine, then collect the pieces or stream them.
+Every route differs only in how the prompt is made and how the answer is shaped (an
+``sse.WireFormat``); all go through ``generate``: submit to the engine, read the text as
+content and tool calls (``tools``), then answer whole or stream.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,20 +23,24 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from llmkit.engine import ContextSizeError, grammar
+from llmkit.engine import ContextSizeError, Piece, grammar
+from llmkit.engine import Request as EngineRequest
 from llmkit.llama import Model, SamplingParams
 from llmkit.server import sse
 from llmkit.server.errors import ApiError, off_loop
 from llmkit.server.protocol import (
     ChatCompletionRequest,
+    ChatRequest,
     CompletionRequest,
     GenerationRequest,
+    Message,
     NativeCompletionRequest,
     check_tokens,
     constraint_of,
     sampling_params,
 )
 from llmkit.server.state import SYSTEM_FINGERPRINT, ServerState, State
+from llmkit.server.tools import TextParser, ToolCalling
 
 log = logging.getLogger("llmkit.server")
 router = APIRouter()
@@ -42,9 +49,7 @@ router = APIRouter()
 @router.post("/v1/chat/completions")
 @router.post("/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, http_request: Request, state: State) -> Any:
-    messages = [m.to_template() for m in body.messages]
-    prompt = await off_loop(state.engine.model.tokenize_chat, messages)
-    return await generate(http_request, state, body, prompt, openai_formatter(state, body, chat=True))
+    return await chat(http_request, state, body, openai_formatter(state, body, chat=True))
 
 
 @router.post("/v1/completions")
@@ -61,26 +66,58 @@ async def completions(body: CompletionRequest, http_request: Request, state: Sta
 @router.post("/completion")
 @router.post("/completions")
 async def completion(body: NativeCompletionRequest, http_request: Request, state: State) -> Any:
-    """llama-server's own completion (post_completions): its request fields, its answer (``sse.NativeFormatter``)."""
+    """llama-server's own completion (post_completions): its request fields, its answer (``sse.NativeFormatter``);
+    several prompts are several requests to the engine, answered as a list (streamed one after the other)."""
     model = state.engine.model
-    tokens = check_tokens(await off_loop(tokenize_mixed, model, body.prompt), model.n_vocab, "prompt")
-    prompt_text = b"".join(model.token_to_piece(t, special=True) for t in tokens).decode("utf-8", "replace")
-    fmt = sse.NativeFormatter(state.model_name, prompt_text, body.n_top_logprobs(), model.token_to_piece, body.return_tokens, body.stream)
-    return await generate(http_request, state, body, tokens, fmt)
+    requests: list[EngineRequest] = []
+    formats: list[sse.WireFormat] = []
+    for index, prompt in enumerate(body.prompt):
+        tokens = check_tokens(await off_loop(tokenize_mixed, model, prompt), model.n_vocab, "prompt")
+        text = b"".join(model.token_to_piece(t, special=True) for t in tokens).decode("utf-8", "replace")
+        requests.append(await submit(http_request, state, body, tokens))
+        fmt = sse.NativeFormatter(state.model_name, text, body.n_top_logprobs(), model.token_to_piece, body.return_tokens, body.stream)
+        formats.append(dataclasses.replace(fmt, index=index))
+    return await answer(http_request, body, requests, formats)
 
 
 def openai_formatter(state: ServerState, body: GenerationRequest, *, chat: bool) -> sse.Formatter:
     return sse.Formatter(chat, state.model_name, SYSTEM_FINGERPRINT, body.n_top_logprobs(), state.engine.model.token_to_piece)
 
 
+async def chat(http_request: Request, state: ServerState, body: ChatRequest, fmt: sse.WireFormat) -> Any:
+    """A chat request, from any of the three chat APIs (the others convert theirs to this one)."""
+    calling = await off_loop(body.tool_calling)
+    prompt = await off_loop(chat_prompt, state.engine.model, body.messages, calling)
+    return await generate(http_request, state, body, prompt, fmt, calling)
+
+
+def chat_prompt(model: Model, messages: list[Message], calling: ToolCalling) -> list[int]:
+    """The conversation rendered with the model's chat template, tools described as ``calling`` says."""
+    rendered, tools = calling.render([m.to_template() for m in messages], model.chat_template)
+    return model.tokenize_chat(rendered, tools)
+
+
 async def generate(
-    http_request: Request, state: ServerState, body: GenerationRequest, prompt: list[int], fmt: sse.Formatter | sse.NativeFormatter
+    http_request: Request,
+    state: ServerState,
+    body: GenerationRequest,
+    prompt: list[int],
+    fmt: sse.WireFormat,
+    calling: ToolCalling | None = None,
 ) -> Any:
     """Submit the prompt; answer with the whole completion, or stream it."""
+    request = await submit(http_request, state, body, prompt, calling)
+    return await answer(http_request, body, [request], [fmt], calling)
+
+
+async def submit(
+    http_request: Request, state: ServerState, body: GenerationRequest, prompt: list[int], calling: ToolCalling | None = None
+) -> EngineRequest:
+    """The request's settings checked and compiled, then its prompt queued (llama-server: post_tasks)."""
     engine = state.engine
     n_top = body.n_top_logprobs()
     # the constraint's conversion and check are CPU work: off the event loop; bad ones are a 400 here
-    params = await off_loop(request_params, body, state.settings.sampling_defaults(), engine.model)
+    params = await off_loop(request_params, body, state.settings.sampling_defaults(), engine.model, calling)
     try:
         request = engine.submit(
             prompt,
@@ -95,45 +132,101 @@ async def generate(
         raise ApiError.context_size(exc) from None
     except ValueError as exc:
         raise ApiError(400, str(exc)) from None
-    http_request.state.engine_request = request  # for the access log
-    pieces = aiter(request)
-    if not body.stream:
-        return fmt.response(request, [piece async for piece in pieces])
+    if not hasattr(http_request.state, "engine_request"):
+        http_request.state.engine_request = request  # the first, for the access log
+    return request
 
-    first = await anext(pieces, None)  # an error before the first token is an ordinary HTTP error
+
+async def answer(
+    http_request: Request,
+    body: GenerationRequest,
+    requests: list[EngineRequest],
+    formats: list[sse.WireFormat],
+    calling: ToolCalling | None = None,
+) -> Any:
+    """The answers, whole (one object, or a list for several prompts) or streamed, each read as content and tool calls."""
+    readers = [calling.parser() if calling is not None else TextParser() for _ in requests]
+    if not body.stream:
+        whole = []
+        for request, fmt, reader in zip(requests, formats, readers, strict=True):
+            pieces = await collect(request, http_request)
+            for piece in pieces:
+                reader.push(piece.text)
+            reader.finish()
+            whole.append(fmt.response(request, pieces, reader))
+        return whole[0] if len(whole) == 1 else whole
+
+    streams = [aiter(request) for request in requests]
+    first = await anext(streams[0], None)  # an error before the first token is an ordinary HTTP error
 
     async def events() -> AsyncIterator[str]:
-        piece = first
         try:
-            for chunk in fmt.opening():
-                yield sse.event(chunk)
-            while piece is not None:
-                yield sse.event(fmt.chunk(request, piece))
-                piece = await anext(pieces, None)
-            for chunk in fmt.closing(request, body.include_usage):
-                yield sse.event(chunk)
-            if fmt.done:
-                yield fmt.done
+            for request, fmt, reader, pieces in zip(requests, formats, readers, streams, strict=True):
+                piece = first if request is requests[0] else await anext(pieces, None)
+                for obj in fmt.opening(request):
+                    yield fmt.frame(obj)
+                while piece is not None:
+                    for obj in fmt.chunk(request, piece, reader.push(piece.text)):
+                        yield fmt.frame(obj)
+                    piece = await anext(pieces, None)
+                for obj in [*fmt.chunk(request, Piece("", []), reader.finish()), *fmt.closing(request, reader, body.include_usage)]:
+                    yield fmt.frame(obj)
+            if formats[0].done:
+                yield formats[0].done
         except Exception as exc:  # noqa: BLE001 -- the 200 is already sent: report in the stream, and end it
             log.warning("stream of request %d failed: %s", request.id, exc)
-            yield sse.event(ApiError(500, str(exc) or type(exc).__name__).body())
+            for obj in fmt.error(ApiError(500, str(exc) or type(exc).__name__)):
+                yield fmt.frame(obj)
         finally:
-            await pieces.aclose()
+            for pieces in streams:
+                await pieces.aclose()
+
+    def cancel_all() -> None:
+        for request in requests:
+            request.cancel()
 
     # On a client disconnect Starlette cancels ``events`` and then runs the background
-    # task: ``cancel`` frees the slot at the engine's next step (a no-op once finished).
+    # task: ``cancel`` frees the slots at the engine's next step (a no-op once finished).
     return StreamingResponse(
-        events(),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache"},
-        background=BackgroundTask(request.cancel),
+        events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}, background=BackgroundTask(cancel_all)
     )
 
 
-def request_params(body: GenerationRequest, defaults: SamplingParams, model: Model) -> SamplingParams:
-    """The request's sampling settings, with its constraint (if any) compiled into a grammar for ``model``'s slots."""
+async def collect(request: EngineRequest, http_request: Request) -> list[Piece]:
+    """Every piece of a whole (not streamed) answer, while watching the connection: a client that
+    leaves cancels the request, and its slot is free at the engine's next step.
+
+    Nothing is written to the socket until the answer is whole, so a closed connection shows only
+    on the read side: after the body, the next ASGI ``receive`` returns ``http.disconnect`` when
+    the client closes its socket (uvicorn sees the connection lost). llama-server checks
+    ``is_connection_closed`` only between results, and a whole answer has none until its end.
+    """
+
+    async def watch() -> None:
+        while (await http_request.receive())["type"] != "http.disconnect":
+            pass
+        request.cancel()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        return [piece async for piece in request]
+    finally:
+        watcher.cancel()
+
+
+def request_params(body: GenerationRequest, defaults: SamplingParams, model: Model, calling: ToolCalling | None = None) -> SamplingParams:
+    """The request's sampling settings, with its constraint (if any) compiled into a grammar for ``model``'s slots:
+    the tool-call grammar when a call may come, else its ``response_format``, ``json_schema`` or ``grammar``."""
     constraint = constraint_of(body)
-    return sampling_params(body, defaults, None if constraint is None else grammar.compile(constraint, model))
+    calls = calling.grammar() if calling is not None else None
+    if calls is None:
+        return sampling_params(body, defaults, None if constraint is None else grammar.compile(constraint, model))
+    if constraint is not None:
+        raise ValueError("Cannot use custom grammar constraints with tools.")  # llama-server's words (it checks 'grammar' only)
+    if body.ignore_eos:
+        raise ValueError("'ignore_eos' cannot be used with tools: after a call, the end is the only token left")
+    text, trigger = calls
+    return sampling_params(body, defaults, grammar.compile(grammar.Gbnf(text), model), trigger)
 
 
 def tokenize_mixed(model: Model, prompt: str | list[int | str]) -> list[int]:

@@ -70,7 +70,7 @@ async def props(state: State) -> dict:
         "modalities": {"vision": False, "video": False, "audio": False},
         "endpoint_slots": settings.slots,
         "endpoint_metrics": settings.metrics,
-        "chat_template": engine.model.meta("tokenizer.chat_template") or "",
+        "chat_template": engine.model.chat_template,
         "build_info": SYSTEM_FINGERPRINT,
         "step_tokens": engine.step_tokens,  # llmkit's own: the per-step token budget (0: none, as llama-server)
         # the KV cache's settings (llmkit's own keys, llama-server's flag names)
@@ -93,7 +93,9 @@ async def prometheus(state: State) -> Response:
     if not state.settings.metrics:
         raise ApiError(501, "This server does not support metrics endpoint. Start it with `--metrics`")
     content, media_type = metrics.render(state.registry)
-    return Response(content, media_type=media_type)
+    # llama-server's header; its value there is ggml_time_us() (microseconds since the process started
+    # ggml), despite the name: here it is what the name says, the start in Unix seconds
+    return Response(content, media_type=media_type, headers={"Process-Start-Time-Unix": str(state.t_start)})
 
 
 @router.post("/tokenize")
@@ -113,14 +115,14 @@ async def detokenize(body: DetokenizeRequest, state: State) -> dict:
 
 @router.post("/apply-template")
 async def apply_template(body: ChatCompletionRequest, state: State) -> dict:
-    """The chat prompt as text, nothing generated (llama-server: post_apply_template)."""
-    messages = [m.to_template() for m in body.messages]
-    return {"prompt": await off_loop(render_chat, state.engine.model, messages)}
+    """The chat prompt as text, tools described, nothing generated (llama-server: post_apply_template)."""
+    return {"prompt": await off_loop(render_chat, state.engine.model, body)}
 
 
-def render_chat(model: Model, messages: list[dict]) -> str:
+def render_chat(model: Model, body: ChatCompletionRequest) -> str:
     """The chat template applied; the text must be UTF-8 to be sent (a lone surrogate is a 400 from ``off_loop``, as for chat)."""
-    prompt = model.apply_chat_template(messages)
+    messages, tools = body.tool_calling().render([m.to_template() for m in body.messages], model.chat_template)
+    prompt = model.apply_chat_template(messages, tools)
     prompt.encode("utf-8")
     return prompt
 

@@ -47,7 +47,7 @@ class Gate:
                 raise ApiError(401, "Invalid API Key")
             body = await self.read_body(headers, receive)
         except ApiError as exc:
-            return await exc.response()(scope, receive, send)
+            return await exc.response(scope["path"])(scope, receive, send)
         await self.app(scope, replay(body, receive), send)
 
     def authorized(self, headers: Headers) -> bool:

@@ -17,6 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from llmkit.engine.grammar import Constraint, Gbnf, Schema
 from llmkit.llama import Grammar, SamplingParams
 from llmkit.server.errors import ApiError
+from llmkit.server.tools import Tool, ToolCalling
 
 
 def _n_predict(n: int) -> int:
@@ -109,23 +110,97 @@ class TextPart(ApiModel):
     text: str
 
 
+class FunctionCall(ApiModel):
+    name: str
+    arguments: str | dict = "{}"  # OpenAI: JSON text; some clients send the object itself
+
+
+class MessageToolCall(ApiModel):
+    """A call the assistant made, in the history a client sends back."""
+
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(ApiModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] = ""
+    tool_calls: list[MessageToolCall] = []
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    reasoning_content: str | None = None  # an assistant's thinking, for a template that shows it (llama-server's field)
 
     def to_template(self) -> dict:
         """The dict a chat template reads (text parts joined, as llama-server does)."""
         text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return {"role": self.role, "content": text}
+        message: dict[str, Any] = {"role": self.role, "content": text}
+        if self.tool_calls:
+            message["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content:
+            message["reasoning_content"] = self.reasoning_content
+        return message
 
 
-class ChatCompletionRequest(GenerationRequest):
-    messages: Annotated[list[Message], Field(min_length=1)]
+class FunctionDef(ApiModel):
+    name: str
+    description: str = ""
+    parameters: dict = {}
+    strict: bool = False  # accepted; the arguments' grammar is the schema's, strict or not
+
+
+class ChatTool(ApiModel):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(ApiModel):
+    name: str
+
+
+class NamedToolChoice(ApiModel):
+    """``{"type": "function", "function": {"name": ...}}``: call this tool."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class ChatRequest(GenerationRequest):
+    """A chat request, as every chat API becomes one (``responses`` and ``messages`` convert theirs to it)."""
+
+    messages: list[Message]
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] = 0
+    tools: list[ChatTool] = []
+    tool_choice: ToolChoice | None = None  # None: "auto" with tools, else "none"
+    parallel_tool_calls: bool = True
+
+    @model_validator(mode="after")
+    def _not_two_assistant_messages_at_the_end(self) -> ChatRequest:
+        if len(self.messages) >= 2 and self.messages[-1].role == self.messages[-2].role == "assistant":
+            raise ValueError("Cannot have 2 or more assistant messages at the end of the list.")  # llama-server's words
+        return self
 
     def n_top_logprobs(self) -> int | None:
         return self.top_logprobs if self.logprobs else super().n_top_logprobs()
+
+    def tool_calling(self) -> ToolCalling:
+        """The request's tools and ``tool_choice``, checked (a ValueError says what is wrong)."""
+        tools = [Tool(t.function.name, t.function.description, t.function.parameters) for t in self.tools]
+        choice = self.tool_choice or ("auto" if tools else "none")
+        if isinstance(choice, NamedToolChoice):
+            return ToolCalling(tools, "required", choice.function.name, self.parallel_tool_calls)
+        return ToolCalling(tools, choice, None, self.parallel_tool_calls)
+
+
+class ChatCompletionRequest(ChatRequest):
+    """OpenAI's Chat Completions request: at least one message (llama-server's Messages route takes none)."""
+
+    messages: Annotated[list[Message], Field(min_length=1)]
 
 
 class CompletionRequest(GenerationRequest):
@@ -157,17 +232,25 @@ def _is_single_prompt(p: Any) -> bool:
     return isinstance(p, list) and all(_is_token(x) or isinstance(x, str) for x in p) and (not p or any(map(_is_token, p)))
 
 
-def _native_prompt(p: Any) -> str | list[int | str]:
-    """The prompt as llama-server's ``tokenize_input_prompts`` reads it (server-common.cpp), one prompt only.
+MAX_PROMPTS = 64  # prompts in one native request (each is a request to the engine)
 
-    A string, a list of token ids, a list mixing strings and token ids, or
-    ``{"prompt_string": ...}``; or a list of those, which llama-server answers
-    with one completion each and this server takes with one element only.
+
+def _native_prompts(p: Any) -> list[str | list[int | str]]:
+    """The prompts as llama-server's ``tokenize_input_prompts`` reads them (server-common.cpp).
+
+    A prompt is a string, a list of token ids, a list mixing strings and token ids, or
+    ``{"prompt_string": ...}``; a list of those is several prompts, answered with one
+    completion each (``index`` says which).
     """
-    if isinstance(p, list) and not any(map(_is_token, p)):  # a list of prompts
-        if len(p) != 1:
-            raise ValueError("must not be empty" if not p else f"this server takes one prompt per request, not {len(p)}")
-        p = p[0]
+    prompts = p if isinstance(p, list) and p and not any(map(_is_token, p)) else [p]  # a list of prompts, or one
+    if isinstance(p, list) and not p:
+        raise ValueError("must not be empty")
+    if len(prompts) > MAX_PROMPTS:
+        raise ValueError(f"at most {MAX_PROMPTS} prompts per request, not {len(prompts)}")
+    return [_native_prompt(one) for one in prompts]
+
+
+def _native_prompt(p: Any) -> str | list[int | str]:
     if isinstance(p, dict) and "prompt_string" in p:
         if "multimodal_data" in p:
             raise ValueError("'multimodal_data' is not supported: the model reads text only")
@@ -180,7 +263,7 @@ def _native_prompt(p: Any) -> str | list[int | str]:
 class NativeCompletionRequest(GenerationRequest):
     """llama-server's own ``POST /completion`` (post_completions): its prompt shapes, and ``return_tokens``."""
 
-    prompt: Annotated[Any, AfterValidator(_native_prompt)]
+    prompt: Annotated[Any, AfterValidator(_native_prompts)]  # one or more prompts (a list after validation)
     return_tokens: bool = False
 
 
@@ -263,10 +346,13 @@ def constraint_of(body: GenerationRequest) -> Constraint | None:
     return Gbnf(gbnf) if gbnf is not None else Schema(schema, strict, field)  # type: ignore[arg-type]  # one of them is set
 
 
-def sampling_params(body: GenerationRequest, defaults: SamplingParams, grammar: Grammar | None = None) -> SamplingParams:
+def sampling_params(
+    body: GenerationRequest, defaults: SamplingParams, grammar: Grammar | None = None, grammar_trigger: str | None = None
+) -> SamplingParams:
     """Map a request onto the server's defaults (``--temp``, ``--seed``, ``-n``): only given fields change.
 
-    ``grammar``: the request's constraint, compiled (``constraint_of`` says which, ``grammar.compile`` makes it).
+    ``grammar``: the request's constraint, compiled (``constraint_of`` says which, ``grammar.compile`` makes it);
+    ``grammar_trigger``: the word that starts it, for a lazy grammar (a tool call the model may make).
     """
     given: dict[str, Any] = {
         "max_tokens": next((n for n in (body.n_predict, body.max_completion_tokens, body.max_tokens) if n is not None), None),
@@ -282,6 +368,7 @@ def sampling_params(body: GenerationRequest, defaults: SamplingParams, grammar: 
         "stop": [body.stop] if isinstance(body.stop, str) else body.stop,
         "ignore_eos": body.ignore_eos,
         "grammar": grammar,
+        "grammar_trigger": grammar_trigger,
     }
     return dataclasses.replace(defaults, **{k: v for k, v in given.items() if v is not None})
 

@@ -29,11 +29,13 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from llmkit.engine import Request
 from llmkit.engine.request import Piece, TokenLogprob
 from llmkit.llama import LLAMA_DEFAULT_SEED
+from llmkit.server.errors import ApiError
+from llmkit.server.tools import Delta, ToolCall
 
 DONE = "data: [DONE]\n\n"
 
@@ -41,6 +43,12 @@ DONE = "data: [DONE]\n\n"
 def event(data: dict) -> str:
     """One server-sent event. Raw UTF-8 (no \\u escapes), compact, as llama-server sends it."""
     return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def named_event(data: dict) -> str:
+    """One server-sent event named after its ``type`` (the Responses and Messages APIs): a client
+    dispatches on the ``event:`` line before it parses the JSON (llama-server: format_anthropic_sse)."""
+    return f"event: {data['type']}\n{event(data)}"
 
 
 def usage(request: Request) -> dict:
@@ -65,6 +73,35 @@ def token_logprobs(items: list[TokenLogprob], n_top: int, token_piece: Callable[
     return [entry(i.token, i.logprob) | {"top_logprobs": [entry(t, lp) for t, lp in i.top[:n_top]]} for i in items]
 
 
+class WireFormat(Protocol):
+    """What ``generation.generate`` asks of a response's format: the whole answer, or a stream's events
+    (``opening``, ``chunk`` per piece of text, ``closing``; ``error`` after the 200), each sent as ``frame``
+    makes it, then ``done`` if any. One per API: ``Formatter`` (OpenAI chat and text), ``NativeFormatter``
+    (llama-server's /completion), ``responses.ResponsesFormatter``, ``messages.MessagesFormatter``."""
+
+    @property
+    def done(self) -> str | None: ...
+
+    def frame(self, data: dict) -> str: ...
+    def response(self, request: Request, pieces: list[Piece], answer: Answer) -> dict: ...
+    def opening(self, request: Request) -> list[dict]: ...
+    def chunk(self, request: Request, piece: Piece, deltas: list[Delta]) -> list[dict]: ...
+    def closing(self, request: Request, answer: Answer, include_usage: bool) -> list[dict]: ...
+    def error(self, exc: ApiError) -> list[dict]: ...
+
+
+class Answer(Protocol):
+    """What the answer's text was read as (``tools.CallParser``, ``tools.TextParser``): content, then calls."""
+
+    content: str
+    calls: list[ToolCall]
+
+
+def finish_reason(request: Request, answer: Answer) -> str | None:
+    """Why the answer ended, in OpenAI's words: ``tool_calls`` when it ended with calls."""
+    return "tool_calls" if answer.calls and request.finish_reason == "stop" else request.finish_reason
+
+
 @dataclass
 class Formatter:
     """The JSON objects of one completion response (``chat`` or text)."""
@@ -77,6 +114,7 @@ class Formatter:
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     done = DONE  # the stream's last line
+    frame = staticmethod(event)
 
     def __post_init__(self) -> None:
         self.id = self.id or ("chatcmpl-" if self.chat else "cmpl-") + secrets.token_urlsafe(24)
@@ -108,42 +146,69 @@ class Formatter:
             **extra,
         }
 
-    def _choice(self, text: str | None, finish_reason: str | None, lp: dict | None, *, chunk: bool) -> dict:
-        body: dict[str, Any]
-        if not self.chat:
-            body = {"text": text or ""}
-        elif chunk:
-            body = {"delta": {} if text is None else {"content": text}}
-        else:
-            body = {"message": {"role": "assistant", "content": text}}
+    def _choice(self, body: dict, finish_reason: str | None = None, lp: dict | None = None) -> dict:
         return {"index": 0, **body, "logprobs": lp, "finish_reason": finish_reason}
+
+    @staticmethod
+    def tool_call(call: ToolCall) -> dict:
+        return {"id": f"call_{call.id}", "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+    def message(self, answer: Answer) -> dict:
+        """The assistant's message: its text (null when it only calls tools), its tool calls."""
+        message: dict[str, Any] = {"role": "assistant", "content": answer.content or (None if answer.calls else "")}
+        if answer.calls:
+            message["tool_calls"] = [self.tool_call(c) for c in answer.calls]
+        return message
+
+    def delta(self, d: Delta) -> dict:
+        """One delta in chat's shape: ``{"content": ...}``, or a piece of ``tool_calls[i]`` (llama-server:
+        server_chat_msg_diff_to_json_oaicompat); a text completion's ``{"text": ...}``."""
+        if not self.chat:
+            return {"text": d.content}
+        if d.index < 0:
+            return {"delta": {"content": d.content}}
+        call: dict[str, Any] = {"index": d.index}
+        if d.name:
+            call |= {"id": f"call_{d.id}", "type": "function", "function": {"name": d.name, "arguments": ""}}
+        else:
+            call["function"] = {"arguments": d.arguments}
+        return {"delta": {"tool_calls": [call]}}
 
     # whole response
 
-    def response(self, request: Request, pieces: list[Piece]) -> dict:
-        text, items = "".join(p.text for p in pieces), [i for p in pieces for i in p.logprobs]
-        choice = self._choice(text, request.finish_reason, self.logprobs(items), chunk=False)
+    def response(self, request: Request, pieces: list[Piece], answer: Answer) -> dict:
+        items = [i for p in pieces for i in p.logprobs]
+        body = {"message": self.message(answer)} if self.chat else {"text": answer.content}
+        choice = self._choice(body, finish_reason(request, answer), self.logprobs(items))
         return self._envelope([choice], chunk=False, usage=usage(request), timings=request.timings.to_dict())
 
     # stream
 
-    def opening(self) -> list[dict]:
+    def opening(self, request: Request) -> list[dict]:
         """Chat streams open with the assistant's role (OpenAI does; clients expect it)."""
         if not self.chat:
             return []
-        choice = {"index": 0, "delta": {"role": "assistant", "content": None}, "logprobs": None, "finish_reason": None}
-        return [self._envelope([choice], chunk=True)]
+        return [self._envelope([self._choice({"delta": {"role": "assistant", "content": None}})], chunk=True)]
 
-    def chunk(self, request: Request, piece: Piece) -> dict:
-        return self._envelope([self._choice(piece.text, None, self.logprobs(piece.logprobs), chunk=True)], chunk=True)
+    def chunk(self, request: Request, piece: Piece, deltas: list[Delta]) -> list[dict]:
+        """A chunk per delta; the piece's logprobs ride on the last."""
+        chunks = [self._envelope([self._choice(self.delta(d))], chunk=True) for d in deltas]
+        if chunks and piece.logprobs:
+            chunks[-1]["choices"][0]["logprobs"] = self.logprobs(piece.logprobs)
+        return chunks
 
-    def closing(self, request: Request, include_usage: bool) -> list[dict]:
+    def closing(self, request: Request, answer: Answer, include_usage: bool) -> list[dict]:
         """The empty delta with ``finish_reason``, then the usage chunk if asked; timings ride on the last one."""
-        chunks = [self._envelope([self._choice(None, request.finish_reason, None, chunk=True)], chunk=True)]
+        reason = self._choice({"delta": {}} if self.chat else {"text": ""}, finish_reason(request, answer))
+        chunks = [self._envelope([reason], chunk=True)]
         if include_usage:
             chunks.append(self._envelope([], chunk=True, usage=usage(request)))
         chunks[-1]["timings"] = request.timings.to_dict()
         return chunks
+
+    def error(self, exc: ApiError) -> list[dict]:
+        """A failure after the 200 was sent: the error's body, as one more event."""
+        return [exc.body()]
 
 
 @dataclass
@@ -157,8 +222,10 @@ class NativeFormatter:
     token_piece: Callable[[int], bytes] = bytes
     return_tokens: bool = False  # a whole answer lists its tokens only if asked (a stream's chunks always do)
     stream: bool = False
+    index: int = 0  # which prompt of the request this answers
     n_sent: int = 0  # tokens sent so far in the stream
     done = None  # llama-server ends a native stream without [DONE]
+    frame = staticmethod(event)
 
     def generation_settings(self, request: Request) -> dict:
         """The request's settings, as far as llmkit has them (task_params::to_json names and order)."""
@@ -185,7 +252,7 @@ class NativeFormatter:
     def final(self, request: Request, content: str, tokens: list[int], items: list[TokenLogprob]) -> dict:
         """The last object: totals, settings, why it stopped, timings (the whole answer, or a stream's end)."""
         body = {
-            "index": 0,
+            "index": self.index,
             "content": content,
             "tokens": tokens,
             "id_slot": request.slot_id,
@@ -206,19 +273,19 @@ class NativeFormatter:
             body["completion_probabilities"] = token_logprobs(items, self.n_top, self.token_piece)
         return body
 
-    def response(self, request: Request, pieces: list[Piece]) -> dict:
+    def response(self, request: Request, pieces: list[Piece], answer: Answer) -> dict:
         """The whole answer: every token the model produced, the stop word's included (as llama-server)."""
         tokens = list(request.output) if self.return_tokens else []
-        return self.final(request, "".join(p.text for p in pieces), tokens, [i for p in pieces for i in p.logprobs])
+        return self.final(request, answer.content, tokens, [i for p in pieces for i in p.logprobs])
 
-    def opening(self) -> list[dict]:
+    def opening(self, request: Request) -> list[dict]:
         return []
 
-    def chunk(self, request: Request, piece: Piece) -> dict:
+    def chunk(self, request: Request, piece: Piece, deltas: list[Delta]) -> list[dict]:
         """One piece of text and the tokens it came from (llama-server sends one chunk per token)."""
         self.n_sent += len(piece.tokens)
         body = {
-            "index": 0,
+            "index": self.index,
             "content": piece.text,
             "tokens": piece.tokens,
             "stop": False,
@@ -228,8 +295,11 @@ class NativeFormatter:
         }
         if self.n_top is not None:
             body["completion_probabilities"] = token_logprobs(piece.logprobs, self.n_top, self.token_piece)
-        return body
+        return [body]
 
-    def closing(self, request: Request, include_usage: bool) -> list[dict]:
+    def closing(self, request: Request, answer: Answer, include_usage: bool) -> list[dict]:
         """The totals, with empty content and tokens: the chunks carried them (no probabilities either)."""
         return [self.final(request, "", [], [])]
+
+    def error(self, exc: ApiError) -> list[dict]:
+        return [exc.body()]

@@ -9,6 +9,7 @@ route asks for it with a ``state: State`` parameter (a FastAPI dependency).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Protocol, runtime_checkable
@@ -102,6 +103,7 @@ class ServerState:
     loaded: ServingEngine | None = None
     embedder: Embedder | None = None
     load_error: Exception | None = None
+    t_start: int = field(default_factory=lambda: int(time.time()))  # when the server started, Unix seconds
     registry: CollectorRegistry = field(init=False)
 
     def __post_init__(self) -> None:

@@ -206,17 +206,18 @@ def schema_text(schema: Any) -> str:
     return text
 
 
-def grammar_from_schema(schema: dict) -> str:
-    """GBNF (root rule ``root``) for a JSON Schema. An empty schema means any JSON object."""
-    return _convert(schema_text(schema))
+def grammar_from_schema(schema: dict, root: str = "root") -> str:
+    """GBNF for a JSON Schema, its top rule named ``root`` (another name: rules for a bigger grammar to use).
+    An empty schema means any JSON object."""
+    return _convert(schema_text(schema), root)
 
 
 @functools.lru_cache(maxsize=256)
-def _convert(text: str) -> str:
+def _convert(text: str, root: str) -> str:
     converter = _Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     try:
         schema = converter.resolve_refs(json.loads(text), "input")
-        converter.visit(schema, "")
+        converter.visit(schema, "" if root == "root" else root)
     except GrammarError:
         raise
     except RecursionError:

@@ -1,0 +1,307 @@
+"""Anthropic's Messages API (~ llama-server's post_anthropic_messages and post_anthropic_count_tokens,
+server_chat_convert_anthropic_to_oai in server-chat.cpp, the to_json_anthropic* of server-task.cpp).
+
+    POST /v1/messages                  a message, whole or streamed (named SSE events)
+    POST /v1/messages/count_tokens     {"input_tokens": N}: the prompt the same request would read
+
+A request becomes a chat request (``CountTokensRequest.to_chat``) and runs through the same
+``generation.chat`` as OpenAI's; ``MessagesFormatter`` writes the answer in Anthropic's shape:
+
+    {"id": "msg_...", "type": "message", "role": "assistant", "model": "...",
+     "content": [{"type": "text", "text": "..."}, {"type": "tool_use", "id": "toolu_...", "name": "...", "input": {...}}],
+     "stop_reason": "end_turn" | "max_tokens" | "stop_sequence" | "tool_use", "stop_sequence": null,
+     "usage": {"input_tokens": N, "cache_read_input_tokens": N, "cache_creation_input_tokens": 0, "output_tokens": N}}
+
+(``input_tokens`` counts the prompt tokens not read from the cache, as Anthropic and llama-server
+do), and a stream as events named after their ``type``:
+
+    message_start        the message, with no content yet, and its input usage; then a ping
+    content_block_start  {"index": 0, "content_block": {"type": "text", "text": ""}}
+    content_block_delta  {"index": 0, "delta": {"type": "text_delta", "text": "Hel"}}         per piece of text
+    content_block_stop   {"index": 0}
+                         (a tool_use block: its start with the name, input_json_delta pieces, its stop)
+    message_delta        {"delta": {"stop_reason": ..., "stop_sequence": ...}, "usage": {"output_tokens": N}}
+    message_stop
+
+Errors on these routes come in Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}``
+(``errors.speaks_anthropic``). Differences from Anthropic's API, each said where it is decided:
+``max_tokens`` is required (as Anthropic; llama-server puts 4096 in its place), ``messages`` may be
+empty (as llama-server), images and documents are a 400 (the model reads text only; llama-server
+answers 500), ``thinking`` is accepted and does nothing (the model does not reason first), and a
+``tool_result`` with ``is_error`` reaches the model as ``Error: <its text>``.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Request
+from pydantic import Field, model_validator
+
+from llmkit.engine import Piece
+from llmkit.engine import Request as EngineRequest
+from llmkit.server import sse
+from llmkit.server.errors import ApiError, off_loop
+from llmkit.server.generation import chat, chat_prompt
+from llmkit.server.protocol import ApiModel, ChatRequest, NPredict, Probability
+from llmkit.server.state import State
+from llmkit.server.tools import Delta
+
+router = APIRouter()
+
+MEDIA = "image input is not supported: this model reads text only"  # llama-server's words, then why
+
+
+class TextBlock(ApiModel):
+    type: Literal["text"]
+    text: str
+
+
+class MediaBlock(ApiModel):
+    """An image or a document: refused, the model reads text only."""
+
+    type: Literal["image", "document"]
+
+
+class ToolUseBlock(ApiModel):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict = Field(default_factory=dict)
+
+
+class ToolResultBlock(ApiModel):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[Annotated[TextBlock | MediaBlock, Field(discriminator="type")]] = ""
+    is_error: bool = False
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            text = self.content
+        elif any(isinstance(b, MediaBlock) for b in self.content):
+            raise ValueError(MEDIA)
+        else:
+            text = "".join(b.text for b in self.content if isinstance(b, TextBlock))
+        return f"Error: {text}" if self.is_error else text
+
+
+class ThinkingBlock(ApiModel):
+    type: Literal["thinking", "redacted_thinking"]
+    thinking: str = ""
+
+
+Block = Annotated[TextBlock | MediaBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock, Field(discriminator="type")]
+
+
+class AnthropicMessage(ApiModel):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+    def to_chat(self) -> list[dict]:
+        """This turn as chat messages: its text, calls and thinking in one, then one ``tool`` message per
+        result (llama-server's order)."""
+        if isinstance(self.content, str):
+            return [{"role": self.role, "content": self.content}]
+        text, calls, results, thinking = "", [], [], ""
+        for block in self.content:
+            if isinstance(block, TextBlock):
+                text += block.text
+            elif isinstance(block, MediaBlock):
+                raise ValueError(MEDIA)
+            elif isinstance(block, ToolUseBlock):
+                calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": json.dumps(block.input)}})
+            elif isinstance(block, ToolResultBlock):
+                results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text()})
+            else:
+                thinking += block.thinking
+        turn: list[dict] = []
+        if text or calls or thinking:
+            turn.append({"role": self.role, "content": text} | ({"tool_calls": calls} if calls else {}))
+            if thinking:
+                turn[0]["reasoning_content"] = thinking
+        return turn + results
+
+
+class AnthropicTool(ApiModel):
+    name: str
+    description: str = ""
+    input_schema: dict = Field(default_factory=dict)
+    type: Literal["custom"] = "custom"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_client_tool(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("type", "custom") != "custom":
+            raise ValueError(f"only client tools run on this server, not {data['type']!r} (Anthropic's server tools run at Anthropic)")
+        return data
+
+
+class AnthropicToolChoice(ApiModel):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None  # with "tool"
+    disable_parallel_tool_use: bool = False
+
+    def to_chat(self) -> str | dict:
+        if self.type == "tool":
+            if self.name is None:
+                raise ValueError("'tool_choice': a choice of type 'tool' needs the tool's 'name'")
+            return {"type": "function", "function": {"name": self.name}}
+        return {"auto": "auto", "any": "required", "none": "none"}[self.type]
+
+
+class CountTokensRequest(ApiModel):
+    """What a prompt is made of: the conversation, the system prompt, the tools."""
+
+    model: str | None = None  # accepted and ignored: the server has one model
+    messages: list[AnthropicMessage]
+    system: str | list[TextBlock] | None = None
+    tools: list[AnthropicTool] = Field(default_factory=list)
+    tool_choice: AnthropicToolChoice | None = None
+    thinking: dict | None = None  # accepted, does nothing: the model does not think before it answers
+
+    def to_chat(self, **fields: Any) -> ChatRequest:
+        """The same request as a chat request (llama-server: server_chat_convert_anthropic_to_oai)."""
+        messages = [] if self.system is None else [{"role": "system", "content": self.system_text()}]
+        messages += [m for message in self.messages for m in message.to_chat()]
+        body = {
+            "messages": messages,
+            "tools": [
+                {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.input_schema}}
+                for t in self.tools
+            ],
+            **fields,
+        }
+        if self.tool_choice is not None:
+            body |= {"tool_choice": self.tool_choice.to_chat(), "parallel_tool_calls": not self.tool_choice.disable_parallel_tool_use}
+        return ChatRequest.model_validate(body)
+
+    def system_text(self) -> str:
+        return self.system if isinstance(self.system, str) else "".join(b.text for b in self.system or [])
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: NPredict  # required, as in Anthropic's API
+    stop_sequences: list[str] = Field(default_factory=list)
+    temperature: Annotated[float, Field(ge=0)] | None = None
+    top_p: Probability | None = None
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    metadata: dict | None = None  # accepted; {"user_id": ...} changes nothing here
+    stream: bool = False
+
+    def to_chat(self, **fields: Any) -> ChatRequest:
+        given = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+        settings = {k: v for k, v in given.items() if v is not None}
+        return super().to_chat(max_tokens=self.max_tokens, stop=self.stop_sequences, stream=self.stream, **settings, **fields)
+
+
+@router.post("/v1/messages")
+async def messages(body: MessagesRequest, http_request: Request, state: State) -> Any:
+    """llama-server's post_anthropic_messages: convert, then the chat path, then Anthropic's shape."""
+    request = await off_loop(body.to_chat)
+    return await chat(http_request, state, request, MessagesFormatter(state.model_name))
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(body: CountTokensRequest, state: State) -> dict:
+    """The prompt's length in tokens, tools and system prompt included (llama-server: handle_count_tokens)."""
+    request = await off_loop(body.to_chat)
+    calling = await off_loop(request.tool_calling)
+    prompt = await off_loop(chat_prompt, state.engine.model, request.messages, calling)
+    return {"input_tokens": len(prompt)}
+
+
+# --- the answer ------------------------------------------------------------------------
+
+
+def stop_reason(request: EngineRequest, calls: int) -> str:
+    if request.finish_reason == "length":
+        return "max_tokens"
+    if calls:
+        return "tool_use"
+    return "stop_sequence" if request.stop_type == "word" else "end_turn"
+
+
+def usage(request: EngineRequest) -> dict:
+    cached = request.timings.cache_n
+    return {
+        "input_tokens": len(request.prompt) - cached,
+        "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": 0,
+        "output_tokens": len(request.output),
+    }
+
+
+@dataclass
+class MessagesFormatter:
+    """The JSON objects of one Messages answer (llama-server: to_json_anthropic, to_json_anthropic_stream)."""
+
+    model: str
+    id: str = field(default_factory=lambda: f"msg_{secrets.token_hex(12)}")
+    n_blocks: int = 0  # content blocks started so far in the stream
+    open_block: str | None = None  # the type of the one not yet stopped
+    done = None
+    frame = staticmethod(sse.named_event)
+
+    def message(self, request: EngineRequest, content: list[dict], reason: str | None) -> dict:
+        """The message; with no ``reason`` yet, as a stream's ``message_start`` has it (nothing written)."""
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            "stop_reason": reason,
+            "stop_sequence": (request.stopping_word or None) if reason else None,
+            "usage": usage(request) | ({} if reason else {"output_tokens": 0}),
+        }
+
+    def response(self, request: EngineRequest, pieces: list[Piece], answer: sse.Answer) -> dict:
+        content: list[dict] = [{"type": "text", "text": answer.content}] if answer.content else []
+        content += [{"type": "tool_use", "id": f"toolu_{c.id}", "name": c.name, "input": c.parsed_arguments()} for c in answer.calls]
+        return self.message(request, content, stop_reason(request, len(answer.calls)))
+
+    def opening(self, request: EngineRequest) -> list[dict]:
+        return [{"type": "message_start", "message": self.message(request, [], None)}, {"type": "ping"}]
+
+    def chunk(self, request: EngineRequest, piece: Piece, deltas: list[Delta]) -> list[dict]:
+        events: list[dict] = []
+        for d in deltas:
+            if d.index < 0:
+                if self.open_block != "text":
+                    events += self.start_block({"type": "text", "text": ""})
+                events.append(self.block_delta({"type": "text_delta", "text": d.content}))
+            elif d.name:
+                events += self.start_block({"type": "tool_use", "id": f"toolu_{d.id}", "name": d.name, "input": {}})
+            else:
+                events.append(self.block_delta({"type": "input_json_delta", "partial_json": d.arguments}))
+        return events
+
+    def start_block(self, block: dict) -> list[dict]:
+        events = self.stop_block()
+        self.open_block, self.n_blocks = block["type"], self.n_blocks + 1
+        return [*events, {"type": "content_block_start", "index": self.n_blocks - 1, "content_block": block}]
+
+    def block_delta(self, delta: dict) -> dict:
+        return {"type": "content_block_delta", "index": self.n_blocks - 1, "delta": delta}
+
+    def stop_block(self) -> list[dict]:
+        if self.open_block is None:
+            return []
+        self.open_block = None
+        return [{"type": "content_block_stop", "index": self.n_blocks - 1}]
+
+    def closing(self, request: EngineRequest, answer: sse.Answer, include_usage: bool) -> list[dict]:
+        reason = stop_reason(request, len(answer.calls))
+        delta = {"stop_reason": reason, "stop_sequence": request.stopping_word or None}
+        return [
+            *self.stop_block(),
+            {"type": "message_delta", "delta": delta, "usage": {"output_tokens": len(request.output)}},
+            {"type": "message_stop"},
+        ]
+
+    def error(self, exc: ApiError) -> list[dict]:
+        return [exc.anthropic_body()]
