@@ -5,7 +5,10 @@ builds it once) on the same model with the same flags. Per request we compare th
 status, the JSON *shape* (keys and value types, recursively; int and float are one
 "number"; a list is the set of its elements' shapes) and, for a stream, the sequence of
 its events' shapes (runs of equal shapes counted once) and whether ``data: [DONE]`` ends
-it. Some rows also compare values (``same``): greedy text, token counts, error types.
+it; a stream of named events (``event:`` lines: the Responses and Messages APIs) by the
+sequence of its names (runs counted once, aligned as ``difflib`` aligns lines) and each
+name's data shapes. Some rows also compare values (``same``): greedy text, token counts,
+error types.
 
 Every difference must be listed in ``INTENDED`` with its reason; a listed difference that
 no longer occurs fails too, so the list stays true.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import difflib
 import inspect
 import json
 import re
@@ -45,6 +49,22 @@ PERSON = [{"role": "user", "content": "Describe a person as JSON."}]
 CHAT = {"messages": HELLO, "max_tokens": 8}
 ERROR = ("error.code", "error.type")
 JSON_ANSWER = ("choices[0].message.content", "choices[0].finish_reason")
+# Greedy answers that both builds give alike: llama-cpp-python's libggml-cpu uses AVX-512 where this CPU has it, the
+# llama-server built here AVX2 (upstream.build), and their logits differ in the second decimal, enough to flip a near-tie.
+SUM = "What is 2+2?"  # "The answer to this classic math problem is 4.", then the end, from both
+ASK_SUM = [{"role": "user", "content": SUM}]
+TEXT = "output[0].content[0].text"  # a Response's text
+ITEMS = [{"role": "user", "content": "Hi!"},
+         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello! How can I assist you today?"}]},
+         {"role": "user", "content": [{"type": "input_text", "text": SUM}]}]  # fmt: skip
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+WEATHER = {"name": "get_weather", "description": "The weather in a city", "parameters": CITY}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+ANTHROPIC_WEATHER = {"name": "get_weather", "description": "The weather in a city", "input_schema": CITY}
+CALL = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}
+TOOL_ROUND_TRIP = [*ASK, {"role": "assistant", "content": [CALL]},
+                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny, 22 C"}]}]  # fmt: skip
+IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
 
 
 # --- comparing ---------------------------------------------------------------------------
@@ -71,7 +91,14 @@ ABSENT = "absent"
 
 
 def diff(ours: Any, theirs: Any, path: str = "") -> list[str]:
-    """Where two shapes differ, as ``"path: ours X, theirs Y"`` (a missing key or list item: ``absent``)."""
+    """Where two shapes differ, as ``"path: ours X, theirs Y"`` (a missing key or list item: ``absent``).
+
+    A tuple is a sequence of names (a stream's events), aligned as ``difflib`` aligns lines: each
+    run that differs is ``"path[i]: ours [...], theirs [...]"``, ``i`` its place in ours.
+    """
+    if isinstance(ours, tuple) and isinstance(theirs, tuple):
+        runs = difflib.SequenceMatcher(None, ours, theirs, autojunk=False).get_opcodes()
+        return [f"{path}[{i}]: ours {brief(ours[i:i2])}, theirs {brief(theirs[j:j2])}" for op, i, i2, j, j2 in runs if op != "equal"]
     if isinstance(ours, dict) and isinstance(theirs, dict):
         keys = [*ours, *(k for k in theirs if k not in ours)]
         return [d for k in keys for d in diff(ours.get(k, ABSENT), theirs.get(k, ABSENT), f"{path}.{k}" if path else k)]
@@ -156,7 +183,7 @@ ROWS = [
         {"messages": [{"role": "user", "content": "Repeat after me: " + "slots " * 40}], "max_tokens": 4},
         repeat=2, same=("usage.prompt_tokens", "usage.prompt_tokens_details.cached_tokens")),
     Row("chat without /v1", "/chat/completions", CHAT),
-    Row("chat eos", "/v1/chat/completions", {"messages": HELLO, "max_tokens": 64},
+    Row("chat eos", "/v1/chat/completions", {"messages": ASK_SUM, "max_tokens": 64},
         same=("choices[0].message.content", "choices[0].finish_reason", "usage.completion_tokens")),
     # OpenAI text completion
     Row("completions", "/v1/completions", {"prompt": COUNT, "max_tokens": 8}, same=("choices[0].text",)),
@@ -177,6 +204,43 @@ ROWS = [
     Row("json_schema", "/v1/chat/completions", {"messages": PERSON, "max_tokens": 24, "json_schema": SCHEMA}, same=JSON_ANSWER),
     Row("grammar", "/v1/chat/completions", {"messages": HELLO, "max_tokens": 8, "grammar": 'root ::= "yes" | "no"'},
         same=("choices[0].message.content",)),
+    # OpenAI's Responses API
+    Row("responses", "/v1/responses", {"input": SUM, "max_output_tokens": 64}, same=("status", TEXT, "usage.input_tokens")),
+    Row("responses items", "/v1/responses", {"instructions": "You are a helpful assistant.", "input": ITEMS, "max_output_tokens": 16},
+        same=(TEXT, "usage.input_tokens")),
+    Row("responses stream", "/v1/responses", {"input": SUM, "max_output_tokens": 64, "stream": True}),
+    Row("responses max_output_tokens", "/v1/responses", {"input": COUNT, "max_output_tokens": 4},
+        same=("status", "incomplete_details", TEXT, "usage.output_tokens")),
+    Row("responses text.format", "/v1/responses",
+        {"input": PERSON, "max_output_tokens": 24, "text": {"format": {"type": "json_schema", "name": "p", "schema": SCHEMA}}},
+        same=(TEXT,)),
+    Row("responses input_tokens", "/v1/responses/input_tokens", {"instructions": "Answer briefly.", "input": ITEMS},
+        same=("object", "input_tokens")),
+    Row("responses previous_response_id", "/v1/responses", {"input": "Hi", "previous_response_id": "resp_1"}, same=ERROR),
+    Row("responses missing input", "/responses", {"max_output_tokens": 4}, same=ERROR),
+    # Anthropic's Messages API
+    Row("messages", "/v1/messages", {"messages": ASK_SUM, "max_tokens": 64},
+        same=("content[0].text", "stop_reason", "stop_sequence", "usage.output_tokens")),
+    Row("messages system", "/v1/messages", {"system": [{"type": "text", "text": "Answer briefly."}], "messages": ASK_SUM,
+        "max_tokens": 8}, same=("content[0].text", "stop_reason")),
+    Row("messages stream", "/v1/messages", {"messages": HELLO, "max_tokens": 8, "stream": True}),
+    Row("messages stop_sequences", "/v1/messages", {"messages": HELLO, "max_tokens": 32, "stop_sequences": ["!"]},
+        same=("content[0].text", "stop_reason", "stop_sequence")),
+    Row("messages count_tokens", "/v1/messages/count_tokens", {"system": "Answer briefly.", "messages": HELLO}, same=("input_tokens",)),
+    Row("messages tool_result", "/v1/messages", {"messages": TOOL_ROUND_TRIP, "tools": [ANTHROPIC_WEATHER], "max_tokens": 16}),
+    Row("messages missing messages", "/v1/messages", {"max_tokens": 8}),
+    Row("messages image", "/v1/messages", {"messages": [{"role": "user", "content": [IMAGE]}], "max_tokens": 8}),
+    Row("messages missing max_tokens", "/v1/messages", {"messages": HELLO}),
+    # tools: SmolLM2's template has no tool syntax, so llama-server answers in text; llmkit calls
+    Row("chat tools required", "/v1/chat/completions",
+        {"messages": ASK, "tools": [{"type": "function", "function": WEATHER}], "tool_choice": "required", "parallel_tool_calls": False,
+         "max_tokens": 48}),
+    Row("responses tools required", "/v1/responses",
+        {"input": ASK, "tools": [{"type": "function", **WEATHER}], "tool_choice": "required", "parallel_tool_calls": False,
+         "max_output_tokens": 48}),
+    Row("messages tools any, streamed", "/v1/messages",
+        {"messages": ASK, "tools": [ANTHROPIC_WEATHER], "tool_choice": {"type": "any", "disable_parallel_tool_use": True}, "max_tokens": 48,
+         "stream": True}),
     # tokens
     Row("tokenize", "/tokenize", {"content": "Hello world"}, same=("tokens",)),
     Row("tokenize with_pieces", "/tokenize", {"content": "Hello wörld", "with_pieces": True}, same=("tokens",)),
@@ -220,7 +284,19 @@ ROWS = [
 # each of its rows, and every difference must be matched.
 
 CHAT_ROWS = ("chat", "chat stream", "chat stream usage", "chat stream logprobs", "chat cached", "chat without /v1", "chat eos",
-             "response_format json_schema", "json_schema", "grammar")  # fmt: skip
+             "response_format json_schema", "json_schema", "grammar", "chat tools required")  # fmt: skip
+RESPONSES = ("responses", "responses items", "responses max_output_tokens", "responses text.format", "responses tools required")
+RESPONSE_ROWS = (*RESPONSES, "responses stream")
+MESSAGE_ROWS = ("messages", "messages system", "messages stream", "messages stop_sequences", "messages tool_result",
+                "messages tools any, streamed")  # fmt: skip
+MESSAGE_STREAMS = ("messages stream", "messages tools any, streamed")
+# the fields of OpenAI's Response object that llama-server's to_json_oaicompat_resp leaves out
+RESPONSE_FIELDS = ("error", "incomplete_details", "previous_response_id", "reasoning", "store", "truncation", "user",
+                   "instructions", "max_output_tokens", "parallel_tool_calls", "temperature", "top_p", "text", "tool_choice", "tools",
+                   "metadata")  # fmt: skip
+TOOLS_IGNORED = ("llama-server renders tools only in a template's own tool syntax, and common/chat.cpp's autoparser finds none in "
+                 "SmolLM2's (its prompt with tools is the prompt without, 37 tokens, no grammar): it answers in text; "
+                 "llmkit describes the tools in Hermes 2 Pro's format and constrains the answer to a call (tools.py)")  # fmt: skip
 NATIVE_ROWS = ("completion", "completion n_probs", "completion stream", "completion stream n_probs", "completions without /v1")
 
 INTENDED: list[tuple[tuple[str, ...], str, str]] = [
@@ -245,7 +321,8 @@ INTENDED: list[tuple[tuple[str, ...], str, str]] = [
      "generation_settings lists the sampling settings llmkit has; llama-server's task_params::to_json adds dry, xtc, mirostat, ..."),
     (("chat", "chat stream", "chat stream usage", "chat logprobs", "chat stream logprobs", "chat cached", "chat without /v1", "chat eos",
       "completions", "completions stream", "completions logprobs", "completion", "completion n_probs", "completion stream",
-      "completion stream n_probs", "completions without /v1", "response_format json_schema", "json_schema", "grammar"),
+      "completion stream n_probs", "completions without /v1", "response_format json_schema", "json_schema", "grammar",
+      "chat tools required", "responses stream"),
      '*timings.n_cache_reuse: ours "number", theirs "absent"',
      "llmkit's timings also say how many of cache_n were moved into place by --cache-reuse (llama-server counts them in cache_n only)"),
     (("v1/models", "models"), 'body.models: ours "absent"',
@@ -261,6 +338,65 @@ INTENDED: list[tuple[tuple[str, ...], str, str]] = [
     (("invalid JSON",), "values.error.*", "the same: code 400 and invalid_request_error against 500 and server_error"),
     *((("metrics",), f"body.{name}: ours true, theirs false", "llmkit's own counter (metrics.py: \"llmkit's own\")")
       for name in OWN_METRICS),
+    # OpenAI's Responses API
+    *((RESPONSE_ROWS, f'*.{field}: ours *, theirs "absent"',
+       "OpenAI's Response object has it, the request's settings echoed (responses.echo); llama-server's to_json_oaicompat_resp "
+       "writes id, object, created_at, completed_at, model, output, status and usage only") for field in RESPONSE_FIELDS),
+    (RESPONSE_ROWS, '*usage.output_tokens_details: ours {"reasoning_tokens": "number"}, theirs "absent"',
+     "OpenAI's usage has output_tokens_details (no reasoning here: 0); llama-server's leaves it out"),
+    (("responses stream",), 'data.response.created[0].response.*: ours *, theirs "absent"',
+     "llmkit's response.created carries the whole (empty) Response, as OpenAI's does; llama-server's only id, object and status"),
+    (("responses stream",), 'data.response.in_progress[0].response.*: ours *, theirs "absent"', "the same for response.in_progress"),
+    (("responses stream",), 'data.response.completed[0].response.completed_at: ours "number", theirs "absent"',
+     "OpenAI's completed Response has completed_at, streamed or not; llama-server writes it in a whole response only"),
+    (("responses stream",), '*.sequence_number: ours "number", theirs "absent"',
+     "OpenAI's stream events are numbered; llama-server's (to_json_oaicompat_resp, partial and final) are not"),
+    (("responses stream",), '*.output_index: ours "number", theirs "absent"',
+     "OpenAI's item events say which output item they belong to; llama-server's give the item_id only"),
+    (("responses stream",), '*.content_index: ours "number", theirs "absent"',
+     "OpenAI's text and part events say which content part they belong to; llama-server's do not"),
+    (("responses stream",), 'data.response.output_text.*[0].logprobs: ours [], theirs "absent"',
+     "OpenAI's output_text.delta and .done carry logprobs (empty: none asked for); llama-server's do not"),
+    (("responses stream",), 'data.response.content_part.added[0].part.*: ours [], theirs "absent"',
+     "llmkit's new part is OpenAI's empty output_text part (annotations, logprobs), as in llama-server's content_part.done; "
+     "its content_part.added has type and text only"),
+    (("responses max_output_tokens",), 'values.status: ours "incomplete", theirs "completed"',
+     "OpenAI: a response cut by max_output_tokens is incomplete; llama-server's to_json_oaicompat_resp always says completed"),
+    (("responses max_output_tokens",), "values.incomplete_details",
+     "the same: OpenAI's incomplete_details.reason max_output_tokens (llama-server: no incomplete_details)"),
+    (("responses max_output_tokens",), 'body.completed_at: ours "absent", theirs "number"',
+     "the same: OpenAI writes completed_at for a completed response only; llama-server always (it always says completed)"),
+    (("responses text.format",), "values.output[0].content[0].text",
+     "llmkit answers in text.format's JSON Schema; llama-server's server_chat_convert_responses_to_chatcmpl passes 'text' on "
+     "unconverted and oaicompat_chat_params_parse reads only response_format and json_schema: the format is ignored"),
+    # Anthropic's Messages API
+    (("messages",), "values.usage.output_tokens", "as chat eos: llama-server's n_decoded also counts the end token"),
+    (MESSAGE_ROWS, '*usage.cache_creation_input_tokens: ours "number", theirs "absent"',
+     "Anthropic's usage has cache_creation_input_tokens (0: nothing is written to a cache on request); llama-server's leaves it out"),
+    (MESSAGE_STREAMS, 'events[1]: ours ["ping"], theirs []',
+     "Anthropic's streams send a ping (llmkit: one, after message_start); llama-server's send none"),
+    (MESSAGE_STREAMS, 'data.ping: ours [{"type": "string"}], theirs "absent"', "the same ping"),
+    (("messages stop_sequences",), 'values.stop_reason: ours "stop_sequence", theirs "end_turn"',
+     "Anthropic's stop_reason is stop_sequence when one ended the answer; llama-server's to_json_anthropic says end_turn "
+     "for STOP_TYPE_WORD as for EOS (its stop_sequence is the word, as llmkit's)"),
+    (("messages missing messages", "messages image"), 'body.type: ours "string", theirs "absent"',
+     "llmkit answers Anthropic's error shape on its routes, {\"type\": \"error\", \"error\": {type, message}}; "
+     "llama-server's ex_wrapper writes OpenAI's {\"error\": {code, message, type}} on every route"),
+    (("messages missing messages", "messages image"), 'body.error.code: ours "absent", theirs "number"',
+     "the same: Anthropic's error has no code"),
+    (("messages missing messages",), "status: ours 400, theirs 500",
+     "server_chat_convert_anthropic_to_oai throws std::runtime_error(\"'messages' is required\"), which ex_wrapper answers 500"),
+    (("messages image",), "status: ours 400, theirs 500",
+     "llama-server converts the image and oaicompat_chat_params_parse throws std::runtime_error (\"image input is not supported\"): "
+     "500; llmkit refuses it as the client's error (messages.py: the model reads text only)"),
+    (("messages missing max_tokens",), "status: ours 400, theirs 200",
+     "Anthropic requires max_tokens (messages.py); llama-server's server_chat_convert_anthropic_to_oai puts 4096 in its place"),
+    (("messages missing max_tokens",), "body.*", "the same: an error against a message"),
+    # tools
+    (("chat tools required",), 'body.choices[0].message.content: ours "null", theirs "string"', TOOLS_IGNORED),
+    (("chat tools required",), 'body.choices[0].message.tool_calls: ours *, theirs "absent"', TOOLS_IGNORED),
+    (("responses tools required",), "body.output[0].*", TOOLS_IGNORED + ": a function_call item against a message item"),
+    (("messages tools any, streamed",), "data.content_block_*", TOOLS_IGNORED + ": a tool_use block against a text block"),
 ]  # fmt: skip
 
 
@@ -299,10 +435,16 @@ def send(url: str, row: Row) -> dict:
             raw = r.read()
     answer = {"status": r.status_code}
     if r.status_code == 200 and row.stream:
-        events = [e.removeprefix(b"data: ") for e in raw.strip().split(b"\n\n")]
-        answer["done"] = events[-1] == b"[DONE]"
-        shapes = [shape(json.loads(e)) for e in events if e != b"[DONE]"]
-        answer["events"] = [s for i, s in enumerate(shapes) if i == 0 or s != shapes[i - 1]]
+        events = [e for e in map(sse_event, raw.strip().split(b"\n\n")) if e[1]]
+        answer["done"] = bool(events) and events[-1] == (None, b"[DONE]")
+        events = [(name, json.loads(data)) for name, data in events if data != b"[DONE]"]
+        if all(name is None for name, _ in events):
+            shapes = [shape(data) for _, data in events]
+            answer["events"] = [s for i, s in enumerate(shapes) if i == 0 or s != shapes[i - 1]]
+        else:  # named events (Responses, Messages): their names in order, then each name's data shapes
+            names = [name for name, _ in events]
+            answer["events"] = tuple(n for i, n in enumerate(names) if i == 0 or n != names[i - 1])
+            answer["data"] = {n: shape([data for name, data in events if name == n]) for n in dict.fromkeys(names)}
         return answer
     content_type = r.headers.get("content-type", "")
     answer["content_type"] = content_type.split(";")[0]
@@ -317,6 +459,18 @@ def send(url: str, row: Row) -> dict:
     answer["body"] = row.view(data)
     answer["values"] = {p: pick(data, p) for p in row.same}
     return answer
+
+
+def sse_event(block: bytes) -> tuple[str | None, bytes]:
+    """One server-sent event's name (its ``event:`` line; None: none) and data (its ``data:`` lines)."""
+    name, data = None, []
+    for line in block.split(b"\n"):
+        key, _, value = line.partition(b":")
+        if key == b"event":
+            name = value.strip().decode()
+        elif key == b"data":
+            data.append(value.removeprefix(b" "))
+    return name, b"\n".join(data)
 
 
 def keep_common(a: Any, b: Any) -> None:

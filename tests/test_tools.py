@@ -8,10 +8,11 @@ import random
 
 import pytest
 
-from llmkit.server.tools import CLOSE, OPEN, CallParser, Delta, TextParser, Tool, ToolCalling, relocate, render_generic
+from llmkit.server.tools import CLOSE, OPEN, CallParser, Delta, TextParser, Tool, ToolCalling, relocate, render_generic, renders_tools
 
 WEATHER = Tool("get_weather", "Weather in a city", {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
 ADD = Tool("add", "Add two integers", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}})
+PARIS = '{"city": "Paris"}'
 CHATML = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"  # no tools in it
 
 
@@ -79,44 +80,46 @@ def test_without_tools_every_piece_is_content_at_once():
 
 
 def test_tools_calls_and_results_are_written_as_text_for_a_template_without_tools():
-    calling = ToolCalling([WEATHER, ADD])
+    calling = ToolCalling([WEATHER, ADD])  # on a template without tools
     history = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "function": {"name": "get_weather", "arguments": PARIS}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "Sunny"},
     ]  # fmt: skip
-    messages, tools = calling.render(history, CHATML)
+    messages, tools = calling.render(history)
     assert tools is None and [m["role"] for m in messages] == ["system", "user", "assistant", "tool"]
     system = messages[0]["content"]
     assert system.startswith("Be brief.\n\n") and "<tools>" in system and json.dumps(WEATHER.to_openai()) in system
-    assert messages[2]["content"] == call_text("get_weather", '{"city": "Paris"}')
+    assert messages[2]["content"] == call_text("get_weather", PARIS)
     assert messages[3] == {"role": "tool", "content": "<tool_response>\nSunny\n</tool_response>"}
     assert history[2]["content"] == "" and "tool_calls" in history[2]  # the caller's messages are left as they were
     # no system message: one is added first; "none" describes no tools, but still writes the history
     assert render_generic([{"role": "user", "content": "Hi"}], [WEATHER.to_openai()])[0]["role"] == "system"
-    quiet, _ = ToolCalling([WEATHER], "none").render(history[1:], CHATML)
+    quiet, _ = ToolCalling([WEATHER], "none").render(history[1:])
     assert "<tools>" not in json.dumps(quiet) and quiet[1]["content"] == messages[2]["content"]
 
 
 def test_a_template_that_renders_tools_gets_them_as_they_are():
-    template = "{% for t in tools %}{{ t }}{% endfor %}<tool_call>"
+    assert renders_tools("{% for t in tools %}{{ t }}{% endfor %}<tool_call>") and not renders_tools(CHATML)
     history = [{"role": "user", "content": "Hi"}]
-    assert ToolCalling([WEATHER]).render(history, template) == (history, [WEATHER.to_openai()])
-    assert ToolCalling([WEATHER], "none").render(history, template) == (history, None)
+    assert ToolCalling([WEATHER], native=True).render(history) == (history, [WEATHER.to_openai()])
+    assert ToolCalling([WEATHER], "none", native=True).render(history) == (history, None)
 
 
 # --- the grammar -------------------------------------------------------------------
 
 
 def test_required_starts_with_the_tag_and_auto_waits_for_it():
-    required, trigger = ToolCalling([WEATHER], "required").grammar()  # type: ignore[misc]
-    assert trigger is None and required.startswith(f'root ::= "{OPEN}" "\\n" call')
+    required, trigger = ToolCalling([WEATHER], "required", parallel=True).grammar()  # type: ignore[misc]
+    assert trigger is None and required.startswith(f'root ::= "{OPEN}" "\\n" call "\\n{CLOSE}" ("\\n{OPEN}" "\\n" call')
     auto, trigger = ToolCalling([WEATHER, ADD], "auto", parallel=False).grammar()  # type: ignore[misc]
     assert trigger == OPEN and auto.startswith('root ::= "\\n" call "\\n</tool_call>"\n') and "call ::= call-0 | call-1" in auto
     named, _ = ToolCalling([WEATHER, ADD], "required", "add").grammar()  # type: ignore[misc]
     assert '"\\"add\\""' in named and "get_weather" not in named
     assert ToolCalling([WEATHER], "none").grammar() is None
+    no_parameters, _ = ToolCalling([Tool("now")], "required").grammar()  # type: ignore[misc]
+    assert 'now-arguments ::= "{" space  "}" space' in no_parameters  # its arguments are {}, not any object
 
 
 def test_each_tools_definitions_keep_their_own_names():

@@ -86,14 +86,14 @@ def openai_formatter(state: ServerState, body: GenerationRequest, *, chat: bool)
 
 async def chat(http_request: Request, state: ServerState, body: ChatRequest, fmt: sse.WireFormat) -> Any:
     """A chat request, from any of the three chat APIs (the others convert theirs to this one)."""
-    calling = await off_loop(body.tool_calling)
+    calling = await off_loop(body.tool_calling, state.engine.model.chat_template)
     prompt = await off_loop(chat_prompt, state.engine.model, body.messages, calling)
     return await generate(http_request, state, body, prompt, fmt, calling)
 
 
 def chat_prompt(model: Model, messages: list[Message], calling: ToolCalling) -> list[int]:
     """The conversation rendered with the model's chat template, tools described as ``calling`` says."""
-    rendered, tools = calling.render([m.to_template() for m in messages], model.chat_template)
+    rendered, tools = calling.render([m.to_template() for m in messages])
     return model.tokenize_chat(rendered, tools)
 
 
@@ -169,7 +169,11 @@ async def answer(
                     for obj in fmt.chunk(request, piece, reader.push(piece.text)):
                         yield fmt.frame(obj)
                     piece = await anext(pieces, None)
-                for obj in [*fmt.chunk(request, Piece("", []), reader.finish()), *fmt.closing(request, reader, body.include_usage)]:
+                held_back = reader.finish()  # text that could have begun a tool call, and did not
+                for obj in [
+                    *(fmt.chunk(request, Piece("", []), held_back) if held_back else []),
+                    *fmt.closing(request, reader, body.include_usage),
+                ]:
                     yield fmt.frame(obj)
             if formats[0].done:
                 yield formats[0].done

@@ -121,7 +121,7 @@ async def apply_template(body: ChatCompletionRequest, state: State) -> dict:
 
 def render_chat(model: Model, body: ChatCompletionRequest) -> str:
     """The chat template applied; the text must be UTF-8 to be sent (a lone surrogate is a 400 from ``off_loop``, as for chat)."""
-    messages, tools = body.tool_calling().render([m.to_template() for m in body.messages], model.chat_template)
+    messages, tools = body.tool_calling(model.chat_template).render([m.to_template() for m in body.messages])
     prompt = model.apply_chat_template(messages, tools)
     prompt.encode("utf-8")
     return prompt

@@ -143,7 +143,7 @@ class AnthropicTool(ApiModel):
 class AnthropicToolChoice(ApiModel):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None  # with "tool"
-    disable_parallel_tool_use: bool = False
+    disable_parallel_tool_use: bool | None = None  # None: as the chat template can
 
     def to_chat(self) -> str | dict:
         if self.type == "tool":
@@ -176,11 +176,23 @@ class CountTokensRequest(ApiModel):
             **fields,
         }
         if self.tool_choice is not None:
-            body |= {"tool_choice": self.tool_choice.to_chat(), "parallel_tool_calls": not self.tool_choice.disable_parallel_tool_use}
+            body["tool_choice"] = self.tool_choice.to_chat()
+            if self.tool_choice.disable_parallel_tool_use is not None:
+                body["parallel_tool_calls"] = not self.tool_choice.disable_parallel_tool_use
         return ChatRequest.model_validate(body)
 
     def system_text(self) -> str:
         return self.system if isinstance(self.system, str) else "".join(b.text for b in self.system or [])
+
+
+class JsonFormat(ApiModel):
+    type: Literal["json_schema"]
+    schema_: dict = Field(alias="schema")
+
+
+class OutputConfig(ApiModel):
+    format: JsonFormat | None = None  # structured output: answer in this JSON Schema
+    effort: str | None = None  # accepted, does nothing
 
 
 class MessagesRequest(CountTokensRequest):
@@ -190,11 +202,17 @@ class MessagesRequest(CountTokensRequest):
     top_p: Probability | None = None
     top_k: Annotated[int, Field(ge=0)] | None = None
     metadata: dict | None = None  # accepted; {"user_id": ...} changes nothing here
+    output_config: OutputConfig | None = None
     stream: bool = False
 
     def to_chat(self, **fields: Any) -> ChatRequest:
         given = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
-        settings = {k: v for k, v in given.items() if v is not None}
+        settings: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+        if self.output_config is not None and self.output_config.format is not None:
+            settings["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "output", "schema": self.output_config.format.schema_},
+            }
         return super().to_chat(max_tokens=self.max_tokens, stop=self.stop_sequences, stream=self.stream, **settings, **fields)
 
 
@@ -209,7 +227,7 @@ async def messages(body: MessagesRequest, http_request: Request, state: State) -
 async def count_tokens(body: CountTokensRequest, state: State) -> dict:
     """The prompt's length in tokens, tools and system prompt included (llama-server: handle_count_tokens)."""
     request = await off_loop(body.to_chat)
-    calling = await off_loop(request.tool_calling)
+    calling = await off_loop(request.tool_calling, state.engine.model.chat_template)
     prompt = await off_loop(chat_prompt, state.engine.model, request.messages, calling)
     return {"input_tokens": len(prompt)}
 

@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from llmkit.engine.grammar import Constraint, Gbnf, Schema
 from llmkit.llama import Grammar, SamplingParams
 from llmkit.server.errors import ApiError
-from llmkit.server.tools import Tool, ToolCalling
+from llmkit.server.tools import Tool, ToolCalling, renders_tools
 
 
 def _n_predict(n: int) -> int:
@@ -177,7 +177,7 @@ class ChatRequest(GenerationRequest):
     top_logprobs: Annotated[int, Field(ge=0, le=20)] = 0
     tools: list[ChatTool] = []
     tool_choice: ToolChoice | None = None  # None: "auto" with tools, else "none"
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool | None = None  # None: as the chat template can (llama-server: its caps)
 
     @model_validator(mode="after")
     def _not_two_assistant_messages_at_the_end(self) -> ChatRequest:
@@ -188,13 +188,17 @@ class ChatRequest(GenerationRequest):
     def n_top_logprobs(self) -> int | None:
         return self.top_logprobs if self.logprobs else super().n_top_logprobs()
 
-    def tool_calling(self) -> ToolCalling:
-        """The request's tools and ``tool_choice``, checked (a ValueError says what is wrong)."""
+    def tool_calling(self, template: str) -> ToolCalling:
+        """The request's tools and ``tool_choice``, checked (a ValueError says what is wrong), for a model whose
+        chat template is ``template``. Parallel calls, unless asked for or not, as llama-server: if the template
+        can write several (``supports_parallel_tool_calls``); a template with no tools in it cannot."""
         tools = [Tool(t.function.name, t.function.description, t.function.parameters) for t in self.tools]
         choice = self.tool_choice or ("auto" if tools else "none")
+        native = renders_tools(template)
+        parallel = native if self.parallel_tool_calls is None else self.parallel_tool_calls
         if isinstance(choice, NamedToolChoice):
-            return ToolCalling(tools, "required", choice.function.name, self.parallel_tool_calls)
-        return ToolCalling(tools, choice, None, self.parallel_tool_calls)
+            return ToolCalling(tools, "required", choice.function.name, parallel, native)
+        return ToolCalling(tools, choice, None, parallel, native)
 
 
 class ChatCompletionRequest(ChatRequest):

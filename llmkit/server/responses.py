@@ -43,7 +43,7 @@ from llmkit.server.errors import ApiError, off_loop
 from llmkit.server.generation import chat, chat_prompt
 from llmkit.server.protocol import ApiModel, ChatRequest, GenerationRequest, NPredict
 from llmkit.server.state import State
-from llmkit.server.tools import Delta
+from llmkit.server.tools import Delta, renders_tools
 
 router = APIRouter()
 
@@ -164,7 +164,7 @@ class InputRequest(GenerationRequest):
     instructions: str | None = None
     tools: list[FunctionTool] = Field(default_factory=list)
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool | None = None  # None: as the chat template can
     text: TextConfig = TextConfig()
     previous_response_id: str | None = None
     conversation: str | dict | None = None
@@ -179,9 +179,10 @@ class InputRequest(GenerationRequest):
         body = given | {
             "messages": self.chat_messages(),
             "tools": [{"type": "function", "function": t.model_dump(include={"name", "description", "parameters"})} for t in self.tools],
-            "parallel_tool_calls": self.parallel_tool_calls,
             **fields,
         }
+        if self.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = self.parallel_tool_calls
         if self.tool_choice is not None:
             choice = self.tool_choice
             body["tool_choice"] = choice if isinstance(choice, str) else {"type": "function", "function": {"name": choice.name}}
@@ -228,7 +229,7 @@ class ResponsesRequest(InputRequest):
 async def responses(body: ResponsesRequest, http_request: Request, state: State) -> Any:
     """llama-server's post_responses_oai: convert, then the chat path, then a Response."""
     request = await off_loop(body.to_chat)
-    return await chat(http_request, state, request, ResponsesFormatter(state.model_name, echo(body, request)))
+    return await chat(http_request, state, request, ResponsesFormatter(state.model_name, echo(body, state.engine.model.chat_template)))
 
 
 @router.post("/v1/responses/input_tokens")
@@ -236,17 +237,17 @@ async def responses(body: ResponsesRequest, http_request: Request, state: State)
 async def input_tokens(body: InputRequest, state: State) -> dict:
     """The prompt's length in tokens, instructions and tools included (llama-server: handle_count_tokens)."""
     request = await off_loop(body.to_chat)
-    calling = await off_loop(request.tool_calling)
+    calling = await off_loop(request.tool_calling, state.engine.model.chat_template)
     prompt = await off_loop(chat_prompt, state.engine.model, request.messages, calling)
     return {"object": "response.input_tokens", "input_tokens": len(prompt)}
 
 
-def echo(body: ResponsesRequest, request: ChatRequest) -> dict:
-    """The request's settings that a Response repeats."""
+def echo(body: ResponsesRequest, template: str) -> dict:
+    """The request's settings that a Response repeats (``parallel_tool_calls``: as it applies, see ``ChatRequest.tool_calling``)."""
     return {
         "instructions": body.instructions,
         "max_output_tokens": body.max_output_tokens,
-        "parallel_tool_calls": body.parallel_tool_calls,
+        "parallel_tool_calls": renders_tools(template) if body.parallel_tool_calls is None else body.parallel_tool_calls,
         "temperature": body.temperature,
         "top_p": body.top_p,
         "text": {"format": body.text.format.model_dump(exclude_unset=True, by_alias=True) or {"type": "text"}},
@@ -303,6 +304,7 @@ class ResponsesFormatter:
             "id": self.id,
             "object": "response",
             "created_at": self.created,
+            **({"completed_at": int(time.time())} if status == "completed" else {}),
             "status": status,
             "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
@@ -400,7 +402,8 @@ class ResponsesFormatter:
     def closing(self, request: EngineRequest, answer: sse.Answer, include_usage: bool) -> list[dict]:
         status = self.status(request)
         events = self.close_item(status)
-        return [*events, self.event(status, response=self.whole(status, self.items, request))]
+        # llama-server's extra: the timings, beside the response (as on a chat stream's last chunk)
+        return [*events, self.event(status, response=self.whole(status, self.items, request), timings=request.timings.to_dict())]
 
     def error(self, exc: ApiError) -> list[dict]:
         failed = self.whole("failed", self.items, None) | {"error": {"code": exc.type, "message": str(exc)}}

@@ -37,6 +37,7 @@ from llmkit.engine.grammar import grammar_from_schema
 from llmkit.text import StopMatcher
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}  # a tool without parameters: {}
 NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")  # JSON-safe: a name is written into the grammar and the JSON as it is
 
 SYSTEM_PROMPT = """\
@@ -114,7 +115,8 @@ class ToolCalling:
     tools: list[Tool]
     mode: Mode = "auto"
     name: str | None = None  # "required" with one named tool
-    parallel: bool = True
+    parallel: bool = False  # several calls in one answer
+    native: bool = False  # the chat template renders tools in this format itself (``renders_tools``)
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]
@@ -132,14 +134,14 @@ class ToolCalling:
 
     # --- the prompt --------------------------------------------------------------------
 
-    def render(self, messages: list[dict], template: str) -> tuple[list[dict], list[dict] | None]:
-        """The messages to render with ``template``, and the ``tools`` variable to give it (None: none).
+    def render(self, messages: list[dict]) -> tuple[list[dict], list[dict] | None]:
+        """The messages to give the chat template, and its ``tools`` variable (None: none).
 
         A template that renders tools in this format gets the tools, the calls and the results as
         they are; any other gets them as text (``render_generic``).
         """
         tools = [t.to_openai() for t in self.tools] if self.active else []
-        if "tools" in template and OPEN in template:
+        if self.native:
             return messages, tools or None
         return render_generic(messages, tools), None
 
@@ -165,23 +167,28 @@ class ToolCalling:
         return CallParser() if self.active else TextParser()
 
 
+def renders_tools(template: str) -> bool:
+    """Does a chat template describe tools and write calls in this format itself (Qwen 2.5, Hermes, SmolLM3)?"""
+    return "tools" in template and OPEN in template
+
+
 def calls_schema(tools: list[Tool]) -> dict:
-    """The JSON Schema of a call of any of ``tools``."""
-    if len(tools) == 1:
-        return call_schema(tools[0], "#")
-    return {"anyOf": [call_schema(t, f"#/anyOf/{i}") for i, t in enumerate(tools)]}
+    """The JSON Schema of a call of any of ``tools``: its name, then its arguments (in that order).
 
-
-def call_schema(tool: Tool, at: str) -> dict:
-    """The JSON Schema of one call of ``tool``, at JSON pointer ``at`` of the grammar's schema: its name,
-    then its arguments (in that order)."""
-    arguments = relocate(tool.parameters or {"type": "object"}, f"{at}/properties/arguments", tool.name)
-    return {
-        "type": "object",
-        "properties": {"name": {"const": tool.name}, "arguments": arguments},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    }
+    Each tool's arguments schema sits in ``$defs`` (the converter follows a ``$ref`` through
+    objects only, not through ``anyOf``'s list), its own references moved there with it.
+    """
+    defs = {f"{t.name}-arguments": relocate(t.parameters or NO_ARGUMENTS, f"#/$defs/{t.name}-arguments", t.name) for t in tools}
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": t.name}, "arguments": {"$ref": f"#/$defs/{t.name}-arguments"}},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
+    return (calls[0] if len(calls) == 1 else {"anyOf": calls}) | {"$defs": defs}
 
 
 def relocate(schema: dict, at: str, prefix: str) -> dict:

@@ -1,0 +1,249 @@
+"""llama-server's own tests of the Anthropic Messages and OpenAI Responses APIs, run against both servers.
+
+The pinned llama.cpp (``upstream.root()``) carries llama-server's pytest suite in ``tools/server/tests``.
+Its ``utils.ServerProcess.start`` launches the binary named by ``LLAMA_SERVER_BIN_PATH`` with
+llama-server's flags, for each test anew. This module copies ``utils.py``, ``unit/test_compat_anthropic.py``
+and ``unit/test_compat_oai_responses.py`` into a temporary folder, twice, and runs each copy with
+pytest in a subprocess (both at once, on distinct ports: env ``PORT``), with ``LLAMA_SERVER_BIN_PATH``
+set to a shim written beside it that rewrites the argv and then execs the server:
+
+- for the real llama-server (``upstream.server_binary()``): the model flags (``--hf-repo``,
+  ``--hf-file``, ``--offline``) give way to ``-m <embedded model>``; every other flag is kept,
+  ``--jinja``/``--no-jinja`` and ``--chat-template-file`` too;
+- for llmkit's slot server (``python -m llmkit serve slots``): the same, and every flag its
+  ``--help`` does not list is dropped with its values (``--jinja``, ``--no-jinja``,
+  ``--chat-template-file``, ...).
+
+Both get ``-t 1`` (two servers, two cores). The copies have their own ``conftest.py`` in place of
+upstream's, which first starts every preset to download its model (bert, jina, tinygemma3, ...):
+here it only stubs ``wget`` (``utils.py`` imports it for downloads these tests never make) and stops
+the servers after each test, as upstream's does. Each run writes a junit XML report; its outcomes
+per test id make the table (printed: ``pytest -s``).
+
+The rule: every test id that passes on llama-server passes on the slot server, unless it is in
+``INTENDED`` with its reason; an ``INTENDED`` entry must still pass on llama-server and fail on the
+slot server, so the list stays true. Tests that need what cannot exist here (another model: the
+tinyllama story regex "(Suddenly)+", tinygemma3's vision, DeepSeek-R1's thinking; a chat template
+from ``models/templates``, which the unpacked source omits) fail on llama-server too and so are not
+required. About 1.5 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from llmkit import launch, models, upstream
+
+pytestmark = pytest.mark.timeout(1800)  # a first run builds llama-server (~13 min on 2 cores); then about 1.5 min
+
+SUITE = ("unit/test_compat_anthropic.py", "unit/test_compat_oai_responses.py")
+SERVERS = ("llama-server", "slots")
+
+INTENDED: dict[str, str] = {
+    "unit/test_compat_anthropic.py::test_anthropic_vision_format_accepted": (
+        "an image block on a text-only model: llama-server answers 500, llmkit 400 with the same words "
+        '("image input is not supported"): bad input is a client error'
+    ),
+    "unit/test_compat_anthropic.py::test_anthropic_tool_result_with_image": "the same, for an image inside a tool_result block",
+    "unit/test_compat_oai_responses.py::test_responses_stream_with_llama_telemetry": (
+        "three llama-server extras: a stream cut by max_output_tokens ends with response.completed there, with"
+        " response.incomplete here (OpenAI's event for it, which its SDK and the Agents SDK read as such);"
+        " return_progress's prompt_progress events come before the first token, and the slot server sends"
+        " nothing before it (llama-server sends its headers at admission: issue 20); timings_per_token is not read"
+    ),
+}
+
+# The flags that name llama-server's model: the shim gives -m <embedded model> instead.
+MODEL_FLAGS = ("--hf-repo", "--hf-file", "--offline", "--model-url", "-m", "--model")
+
+SHIM = '''#!{python}
+"""LLAMA_SERVER_BIN_PATH for llama-server's tests (written by llmkit's tests/test_upstream_suite.py)."""
+import os
+import re
+import sys
+
+COMMAND = {command!r}
+DROP = {drop!r}
+KNOWN = {known!r}  # None: every flag not in DROP is kept
+
+argv, args = sys.argv[1:], []
+while argv:
+    flag = argv.pop(0)
+    values = []
+    while argv and not re.match(r"--?[A-Za-z]", argv[0]):
+        values.append(argv.pop(0))
+    if flag not in DROP and (KNOWN is None or flag in KNOWN):
+        args += [flag, *values]
+command = [*COMMAND, *args]
+print("shim: exec", " ".join(command), flush=True)
+os.execv(command[0], command)
+'''
+
+CONFTEST = '''"""In place of llama-server's conftest.py (written by llmkit's tests/test_upstream_suite.py): no preset downloads."""
+import sys
+import types
+
+import pytest
+
+wget = types.ModuleType("wget")  # utils.py imports it for download_file, which these tests never call
+
+
+def download(url, out=None):
+    raise RuntimeError(f"no download here: {url}")
+
+
+wget.download = download
+sys.modules["wget"] = wget
+
+from utils import server_instances  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def stop_server_after_each_test():
+    yield
+    for server in set(server_instances):
+        server.stop()
+'''
+
+PYTEST_INI = """[pytest]
+markers =
+    slow: marks tests as slow
+    serial
+timeout = 300
+junit_logging = all
+"""
+
+
+@dataclass
+class Outcome:
+    passed: bool
+    status: str  # passed, failed, error, skipped
+    details: str = ""  # the assertion ("E" lines) and the last answer the test printed
+
+
+def slot_server_flags() -> set[str]:
+    """Every option string ``llmkit serve slots --help`` lists (the heads of its option lines: ``-c CTX_SIZE, --ctx-size CTX_SIZE``)."""
+    text = subprocess.run([sys.executable, "-m", "llmkit", "serve", "slots", "--help"], capture_output=True, text=True, check=True).stdout
+    heads = " ".join(re.findall(r"^  (-\S.*?)(?:  |$)", text, re.M))
+    return set(re.findall(r"(?<![\w-])--?[A-Za-z][\w-]*", heads)) - {"-h", "--help"}
+
+
+def write_run(folder: Path, server: str, known: set[str] | None) -> Path:
+    """A copy of the upstream tests with our conftest, and the shim for ``server``."""
+    tests = folder / "tests"
+    source = upstream.root() / "tools/server/tests"
+    for name in ("utils.py", *SUITE):
+        (tests / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(source / name, tests / name)
+    (tests / "conftest.py").write_text(CONFTEST)
+    (tests / "pytest.ini").write_text(PYTEST_INI)
+    target = [str(upstream.server_binary())] if server == "llama-server" else [sys.executable, "-m", "llmkit", "serve", "slots"]
+    command = [*target, "-m", str(models.default_model_path()), "-t", "1"]
+    shim = folder / "server-shim"
+    shim.write_text(SHIM.format(python=sys.executable, command=command, drop=MODEL_FLAGS, known=sorted(known) if known else None))
+    shim.chmod(0o755)
+    return tests
+
+
+def details(case: ET.Element) -> str:
+    problem = case.find("failure")
+    if problem is None:
+        problem = case.find("error")
+    if problem is None:
+        return ""
+    text = problem.text or ""
+    source = [line for line in text.splitlines() if line.startswith(">")][-1:]  # the failing line of the upstream test
+    lines = source + ([line for line in text.splitlines() if line.startswith("E ")][:12] or text.splitlines()[-6:])
+    out = case.findtext("system-out") or ""
+    answers = re.findall(r"^(?:Response|Partial response) from server .*?(?=^\S)", out + "\nend", re.M | re.S)
+    if answers:
+        lines += ["last answer: " + " ".join(answers[-1].split())[:600]]
+    return "\n".join([problem.get("message", "").splitlines()[0] if problem.get("message") else "", *lines]).strip()
+
+
+def read_junit(path: Path) -> dict[str, Outcome]:
+    outcomes = {}
+    for case in ET.parse(path).iter("testcase"):
+        test_id = case.get("classname", "").replace(".", "/") + ".py::" + case.get("name", "")
+        status = next((s for s in ("failure", "error", "skipped") if case.find(s) is not None), "passed")
+        status = {"failure": "failed"}.get(status, status)
+        outcomes[test_id] = Outcome(status == "passed", status, details(case))
+    return outcomes
+
+
+def table(results: dict[str, dict[str, Outcome]]) -> str:
+    ids = sorted({i for r in results.values() for i in r})
+    width = max(map(len, ids))
+    rows = [f"{'test id':<{width}}  {'llama-server':<12}  slots"]
+    rows += [f"{i:<{width}}  {results['llama-server'].get(i, Outcome(False, 'absent')).status:<12}  "
+             f"{results['slots'].get(i, Outcome(False, 'absent')).status}" for i in ids]  # fmt: skip
+    return "\n".join(rows)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict[str, dict[str, Outcome]]:
+    """Per server, per upstream test id: its outcome. Both runs at once, each on its own port."""
+    upstream.server_binary()  # built once, before the clock of any upstream test starts
+    known = slot_server_flags()
+    assert {"--port", "--ctx-size", "--parallel", "--n-predict", "--batch-size"} <= known, f"--help's layout changed? {known}"
+    ports = [launch.free_port()]
+    while (port := launch.free_port()) in ports:
+        pass
+    ports.append(port)
+    runs = {}
+    for server, port in zip(SERVERS, ports, strict=True):
+        folder = tmp_path_factory.mktemp(server)
+        tests = write_run(folder, server, known if server == "slots" else None)
+        env = {**os.environ, "PORT": str(port), "LLAMA_SERVER_BIN_PATH": str(folder / "server-shim")}
+        env.pop("PYTEST_ADDOPTS", None)
+        command = [sys.executable, "-m", "pytest", *SUITE, "-p", "no:cacheprovider", "-q", "--basetemp", str(folder / "basetemp"),
+                   "--junitxml", str(folder / "junit.xml")]  # fmt: skip
+        with open(folder / "pytest.log", "wb") as log:  # a session of its own: its servers are in its process group
+            process = subprocess.Popen(command, cwd=tests, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        runs[server] = (folder, process)
+    try:
+        for _, process in runs.values():
+            process.wait()
+    finally:  # interrupted or timed out: stop both runs and the servers they started
+        for _, process in runs.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    outcomes = {}
+    for server, (folder, _) in runs.items():
+        junit = folder / "junit.xml"
+        assert junit.exists(), f"{server}: pytest wrote no report\n{(folder / 'pytest.log').read_text()[-3000:]}"
+        outcomes[server] = read_junit(junit)
+    print("\n" + table(outcomes))
+    return outcomes
+
+
+def test_both_runs_ran_the_same_tests(results):
+    theirs, ours = results["llama-server"], results["slots"]
+    assert theirs.keys() == ours.keys()
+    for name in SUITE:
+        assert any(i.startswith(name) and o.passed for i, o in theirs.items()), f"nothing in {name} passes on llama-server: the shim?"
+    assert not [i for r in results.values() for i, o in r.items() if o.status == "skipped"], "a test was skipped"
+
+
+def test_the_slot_server_passes_what_llama_server_passes(results):
+    theirs, ours = results["llama-server"], results["slots"]
+    regressions = [i for i, o in theirs.items() if o.passed and not ours[i].passed and i not in INTENDED]
+    report = "\n\n".join(f"{i}: {ours[i].status}\n{ours[i].details}" for i in regressions)
+    assert not regressions, f"pass on llama-server, fail on the slot server:\n\n{report}\n\n{table(results)}"
+
+
+@pytest.mark.parametrize("test_id", INTENDED)
+def test_intended_differences_are_still_true(results, test_id):
+    assert results["llama-server"][test_id].passed, f"{test_id} no longer passes on llama-server"
+    assert not results["slots"][test_id].passed, f"{test_id} now passes on the slot server: drop it from INTENDED"
