@@ -70,7 +70,7 @@ class Timings:
             return (ms / n if n else 0.0, 1e3 * n / ms if ms > 0 else 0.0)
 
         prompt_per_token_ms, prompt_per_second = per(self.prompt_n, self.prompt_ms)
-        # over decode steps, as llama-server's n_gen_steps: the first token comes from the prompt's last step
+        # over decode steps, as llama-server: the first token comes from the prompt's last step, not a step of its own
         predicted_per_token_ms, predicted_per_second = per(max(self.predicted_n - 1, 0), self.predicted_ms)
         return {
             "cache_n": self.cache_n,

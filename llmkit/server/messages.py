@@ -1,4 +1,4 @@
-"""Anthropic's Messages API (~ llama-server's post_anthropic_messages and post_anthropic_count_tokens,
+"""Anthropic's Messages API (~ llama-server's post_anthropic_messages and handle_count_tokens,
 server_chat_convert_anthropic_to_oai in server-chat.cpp, the to_json_anthropic* of server-task.cpp).
 
     POST /v1/messages                  a message, whole or streamed (named SSE events)
@@ -28,7 +28,7 @@ Errors on these routes come in Anthropic's shape, ``{"type": "error", "error": {
 ``max_tokens`` is required (as Anthropic; llama-server puts 4096 in its place), ``messages`` may be
 empty (as llama-server), images and documents are a 400 (the model reads text only; llama-server
 answers 500), ``thinking`` is accepted and does nothing (the model does not reason first), and a
-``tool_result`` with ``is_error`` reaches the model as ``Error: <its text>``.
+``tool_result`` marked as an error reaches the model as ``Error: <its text>``.
 """
 
 from __future__ import annotations
@@ -255,7 +255,7 @@ def usage(request: EngineRequest) -> dict:
 
 @dataclass
 class MessagesFormatter:
-    """The JSON objects of one Messages answer (llama-server: to_json_anthropic, to_json_anthropic_stream)."""
+    """The JSON objects of one Messages answer (llama-server: the to_json_anthropic of its final and partial results)."""
 
     model: str
     id: str = field(default_factory=lambda: f"msg_{secrets.token_hex(12)}")

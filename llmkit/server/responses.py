@@ -1,4 +1,4 @@
-"""OpenAI's Responses API (~ llama-server's post_responses_oai and post_responses_tok_oai,
+"""OpenAI's Responses API (~ llama-server's post_responses_oai and handle_count_tokens,
 server_chat_convert_responses_to_chatcmpl in server-chat.cpp, the to_json_oaicompat_resp* of server-task.cpp).
 
     POST /v1/responses, /responses                             a response, whole or streamed (named SSE events)
