@@ -18,7 +18,7 @@ import pytest
 
 from llmkit import launch
 
-from helpers import post
+from helpers import post, wait_until
 
 COUNT = "Count: 1, 2, 3, 4,"
 HELLO = [{"role": "user", "content": "Say hello."}]
@@ -250,6 +250,14 @@ def test_several_prompts_are_several_completions(server):
     for index in (0, 1):
         mine = [c for c in chunks if c["index"] == index]
         assert "".join(c["content"] for c in mine) == alone["content"] and [c["stop"] for c in mine][-1] is True
+
+
+def test_a_refused_prompt_in_a_list_cancels_the_ones_before_it(server):
+    """The first prompt is queued before the second is found too long: it must not run on with no reader
+    (this server has no default budget, so it would generate until its slot is full)."""
+    r = post(server, "/completion", {"prompt": ["Tell a story.", "hello " * 1200]})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "exceed_context_size_error"
+    wait_until(lambda: not any(s["is_processing"] for s in httpx.get(f"{server.url}/slots").json()), timeout=5, interval=0.05)
 
 
 def test_the_generation_rate_excludes_the_first_token(server):

@@ -71,12 +71,17 @@ async def completion(body: NativeCompletionRequest, http_request: Request, state
     model = state.engine.model
     requests: list[EngineRequest] = []
     formats: list[sse.WireFormat] = []
-    for index, prompt in enumerate(body.prompt):
-        tokens = check_tokens(await off_loop(tokenize_mixed, model, prompt), model.n_vocab, "prompt")
-        text = b"".join(model.token_to_piece(t, special=True) for t in tokens).decode("utf-8", "replace")
-        requests.append(await submit(http_request, state, body, tokens))
-        fmt = sse.NativeFormatter(state.model_name, text, body.n_top_logprobs(), model.token_to_piece, body.return_tokens, body.stream)
-        formats.append(dataclasses.replace(fmt, index=index))
+    try:
+        for index, prompt in enumerate(body.prompt):
+            tokens = check_tokens(await off_loop(tokenize_mixed, model, prompt), model.n_vocab, "prompt")
+            text = b"".join(model.token_to_piece(t, special=True) for t in tokens).decode("utf-8", "replace")
+            requests.append(await submit(http_request, state, body, tokens))
+            fmt = sse.NativeFormatter(state.model_name, text, body.n_top_logprobs(), model.token_to_piece, body.return_tokens, body.stream)
+            formats.append(dataclasses.replace(fmt, index=index))
+    except BaseException:  # a later prompt is refused: the ones already queued have no reader
+        for request in requests:
+            request.cancel()
+        raise
     return await answer(http_request, body, requests, formats)
 
 
@@ -230,6 +235,8 @@ def request_params(body: GenerationRequest, defaults: SamplingParams, model: Mod
     if body.ignore_eos:
         raise ValueError("'ignore_eos' cannot be used with tools: after a call, the end is the only token left")
     text, trigger = calls
+    if trigger is not None:
+        model.word_masks(trigger.encode())  # read here once (~0.4 s), not in the engine's step
     return sampling_params(body, defaults, grammar.compile(grammar.Gbnf(text), model), trigger)
 
 
