@@ -62,9 +62,10 @@ def default_threads() -> int:
 
 
 class Model:
-    """A GGUF model loaded into memory, with its tokenizer and chat template."""
+    """A GGUF model loaded into memory, with its tokenizer and chat template (``chat_template``: another
+    one in its place, as llama-server's ``--chat-template-file``)."""
 
-    def __init__(self, path: str | os.PathLike[str]):
+    def __init__(self, path: str | os.PathLike[str], *, chat_template: str | None = None):
         _init_backend()
         self.path = Path(path)
         params = lc.llama_model_default_params()
@@ -82,6 +83,7 @@ class Model:
         self.n_embd = lc.llama_model_n_embd(handle)
         self.add_bos = lc.llama_vocab_get_add_bos(self.vocab)
         self.name = self.meta("general.name") or self.path.stem
+        self.chat_template = chat_template if chat_template is not None else self.meta("tokenizer.chat_template") or ""
         self._formatter = self._chat_formatter()
         self._utf8_masks: dict[bytes, np.ndarray] = {}
         self._word_masks: dict[bytes, list[np.ndarray]] = {}  # Trigger's, per word
@@ -176,10 +178,6 @@ class Model:
             eos_token=text(lc.llama_vocab_eos(self.vocab)),
             bos_token=text(lc.llama_vocab_bos(self.vocab)),
         )
-
-    @property
-    def chat_template(self) -> str:
-        return self.meta("tokenizer.chat_template") or ""
 
     def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         """Render messages with the model's own template (GGUF ``tokenizer.chat_template``);

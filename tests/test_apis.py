@@ -359,3 +359,59 @@ def test_a_whole_answer_whose_client_leaves_frees_its_slot(server):
     wait_until(lambda: not httpx.get(f"{server.url}/slots").json()[3]["is_processing"], timeout=5, interval=0.05)
     # what its slot holds: the prompt and what it generated before it was freed, far from 900 generated tokens
     assert httpx.get(f"{server.url}/slots").json()[3]["n_cached"] < 450
+
+
+# --- a chat template that renders tools itself -------------------------------------------
+
+# Qwen 2.5's way, cut short: the template describes the tools and writes earlier calls itself
+TOOL_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+{% if messages[0].role == 'system' %}{{ messages[0].content }}{% endif %}
+# Tools
+<tools>{% for tool in tools %}
+{{ tool | tojson }}{% endfor %}
+</tools>
+Return each call as <tool_call>{"name": <function-name>, "arguments": <args-json-object>}</tool_call><|im_end|>
+{% endif %}
+{%- for m in messages if not (tools and m.role == 'system') %}<|im_start|>{{ m.role }}
+{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>
+{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments }}}
+</tool_call>{% endfor %}{% else %}{{ m.content }}{% endif %}<|im_end|>
+{% endfor %}<|im_start|>assistant
+"""
+
+
+def test_a_template_that_renders_tools_renders_them_and_the_call_is_the_same(model_path):
+    """With such a template (a Qwen 2.5 GGUF brings one), llmkit gives it the tools and the history as they
+    are, and parallel calls are on by default; the grammar and the parser stay the same."""
+    from llmkit.engine import Engine, grammar
+    from llmkit.llama import Model, SamplingParams
+    from llmkit.server.protocol import ChatRequest
+    from llmkit.server.tools import TextParser
+
+    with Model(model_path, chat_template=TOOL_TEMPLATE) as tooled:
+        history = [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": ASK},
+            {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "Rain"},
+        ]  # fmt: skip
+        body = ChatRequest.model_validate({"messages": history, "tools": chat_tools([WEATHER]), "tool_choice": "required"})
+        calling = body.tool_calling(tooled.chat_template)
+        assert calling.native and calling.parallel
+        messages, tools = calling.render([m.to_template() for m in body.messages])
+        prompt = tooled.apply_chat_template(messages, tools)
+        assert prompt.startswith("<|im_start|>system\nBe brief.") and f"<tools>{json.dumps(chat_tools([WEATHER])[0])}" in prompt
+        call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+        assert call in prompt and "<tool_response>" not in prompt
+        text, trigger = calling.grammar()  # type: ignore[misc]
+        with Engine(tooled, n_parallel=1, n_ctx=2048, n_threads=1) as engine:
+            forced = grammar.compile(grammar.Gbnf(text), tooled)
+            request = engine.submit(tooled.tokenize_chat(messages, tools), SamplingParams(max_tokens=120, temperature=0, grammar=forced))
+            reader = calling.parser()
+            for piece in request:
+                reader.push(piece.text)
+            reader.finish()
+        assert not isinstance(reader, TextParser) and reader.calls and request.finish_reason == "stop"
+        for call in reader.calls:
+            valid_call(call.name, json.loads(call.arguments))
