@@ -296,6 +296,8 @@ def test_metrics_match_the_sum_of_timings(server):
     ]
     after = metrics(server)
     delta = {name: after[name] - before[name] for name in after}
+    started = int(httpx.get(f"{server.url}/metrics", timeout=10).headers["Process-Start-Time-Unix"])  # llama-server's header
+    assert time.time() - 24 * 3600 < started <= time.time()
 
     def total(key: str) -> float:
         return sum(t[key] for t in timings)
@@ -334,6 +336,10 @@ def test_access_log(server):
         ({"messages": [{"role": "robot", "content": "hi"}]}, "'messages.0.role'"),
         ({"messages": []}, "'messages'"),
         ({}, "'messages'"),
+        ({"messages": [*HELLO, {"role": "assistant", "content": "Hi"}, {"role": "assistant", "content": "there"}]}, "2 or more assistant"),
+        ({"messages": HELLO, "tool_choice": "required"}, "needs at least one tool"),
+        ({"messages": HELLO, "tools": [{"type": "function", "function": {"name": "no spaces"}}]}, "tool name"),
+        ({"messages": HELLO, "tools": [{"type": "function", "function": {"name": "f"}}], "grammar": 'root ::= "a"'}, "with tools"),
         ([1, 2], "'body'"),
     ],
 )
