@@ -116,7 +116,7 @@ MAP: tuple[Counterpart, ...] = (
                 "llama-server's own dialect on /completion and /completions: several prompts are streamed one after the other, not "
                 "interleaved"),
     Counterpart("llmkit.server.generation.tokenize_mixed", "tokenize_mixed", COMMON, "the same rule: BOS only before a leading string"),
-    Counterpart("llmkit.server.protocol._native_prompt", "tokenize_input_prompts", COMMON,
+    Counterpart("llmkit.server.protocol._native_prompts", "tokenize_input_prompts", COMMON,
                 "the same shapes; a list of prompts is several completions, at most 64"),
     Counterpart("llmkit.server.info.apply_template", "server_routes::post_apply_template", CONTEXT, "the same"),
     Counterpart("llmkit.server.embeddings.embeddings_native", "server_routes::handle_embeddings_impl", CONTEXT,
