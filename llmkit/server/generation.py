@@ -207,9 +207,9 @@ async def collect(request: EngineRequest, http_request: Request) -> list[Piece]:
 
     Nothing is written to the socket until the answer is whole, so a closed connection shows only
     on the read side: after the body, the next ASGI ``receive`` returns ``http.disconnect`` when
-    the client closes its socket (uvicorn sees the connection lost). llama-server passes its
-    ``is_connection_closed`` as ``should_stop`` and polls it while it waits; yet here a whole
-    answer whose client had left went on generating (README, "Three chat APIs and tool calls").
+    the client closes its socket (uvicorn sees the connection lost). llama-server polls its
+    ``is_connection_closed`` while it waits; yet here a whole answer whose client had left went
+    on generating (README, "Three chat APIs and tool calls").
     """
 
     async def watch() -> None:
