@@ -109,7 +109,7 @@ MAP: tuple[Counterpart, ...] = (
     Counterpart("llmkit.server.app.create_app", "server_routes::init_routes", CONTEXT,
                 "FastAPI routes; llama-server registers its handlers on cpp-httplib in llama_server() (server.cpp)"),
     Counterpart("llmkit.server.generation.chat_completions", "server_routes::post_chat_completions", CONTEXT,
-                "the chat template applied by the model layer; no tools, no multimodal parts"),
+                "the chat template applied by the model layer, tools described as tools.ToolCalling says; no multimodal parts"),
     Counterpart("llmkit.server.generation.generate", "server_routes::handle_completions_impl", CONTEXT,
                 "submit, then answer: one engine request per prompt (no n > 1), streamed through Starlette"),
     Counterpart("llmkit.server.generation.completion", "server_routes::post_completions", CONTEXT,
