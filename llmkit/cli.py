@@ -118,9 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--skip",
         nargs="+",
         default=[],
-        choices=["sequential", "slots", "no-budget", "llama-server", "raw", "prefix", "arrivals", "kv-cache"],
-        help="leave out a server or a scenario "
-        "(no-budget: the slot server with --step-tokens 0; llama-server: built from the pinned llama.cpp)",
+        choices=["sequential", "slots", "no-budget", "llama-server", "raw", "levels", "apis", "prefix", "arrivals", "kv-cache"],
+        help="leave out a server or a scenario (no-budget: the slot server with --step-tokens 0; llama-server: built from "
+        "the pinned llama.cpp; levels: the 1-8 stream levels; apis: the same streams through chat, Responses and Messages)",
     )
     b.add_argument(
         "--arrivals",

@@ -5,6 +5,7 @@
     r.text, r.ttft, r.times                 # what arrived, and when
     results = concurrently(stream_chat, [(url, msgs)] * 8)   # 8 clients at once
     r = await astream(async_client, url + "/v1/chat/completions", body, chat_piece)   # the same, in asyncio
+    r = await astream(async_client, url + "/v1/messages", body, messages_piece)       # Anthropic's named events
 
 Both servers speak SSE; the events are parsed with httpx-sse, and one reader
 (``_Reader``) turns them into a ``StreamResult`` for the blocking and the
@@ -38,6 +39,7 @@ class StreamResult:
     t_sent: float = 0.0  # time.perf_counter() when the request was sent (to line up several streams)
     t_done: float = 0.0
     final: dict | None = None  # the last JSON event: finish_reason, usage, timings (OpenAI streams)
+    usage: dict | None = None  # the last usage the stream carried: chat's last chunk, a Response's, Anthropic's message_delta
     error: Any = None  # the "error" of an error event or of a non-200 answer's body
 
     @property
@@ -60,10 +62,9 @@ class StreamResult:
 
     @property
     def n_tokens(self) -> int:
-        """Generated tokens: the server's own count when it sent one (usage, llama-server's timings), else the number of pieces."""
-        final = self.final or {}
-        usage, timings = final.get("usage") or {}, final.get("timings") or {}
-        return usage.get("completion_tokens", timings.get("predicted_n", len(self.pieces)))
+        """Generated tokens: the server's own count if it sent one (any API's usage, llama-server's timings), else the number of pieces."""
+        usage, timings = self.usage or {}, (self.final or {}).get("timings") or {}
+        return usage.get("completion_tokens", usage.get("output_tokens", timings.get("predicted_n", len(self.pieces))))
 
     @property
     def cached_tokens(self) -> int | None:
@@ -91,6 +92,19 @@ def chat_piece(chunk: Any) -> str | None:
     return (choice.get("delta") or {}).get("content") if "delta" in choice else choice.get("text")
 
 
+def responses_piece(chunk: Any) -> str | None:
+    """A Responses stream's text: the ``delta`` of a ``response.output_text.delta`` event (its data repeats its name as ``type``)."""
+    return chunk.get("delta") if isinstance(chunk, dict) and chunk.get("type") == "response.output_text.delta" else None
+
+
+def messages_piece(chunk: Any) -> str | None:
+    """An Anthropic Messages stream's text: the ``text_delta`` of a ``content_block_delta`` event."""
+    if not isinstance(chunk, dict) or chunk.get("type") != "content_block_delta":
+        return None
+    delta = chunk.get("delta") or {}
+    return delta.get("text") if delta.get("type") == "text_delta" else None
+
+
 class _Reader:
     """Fills a ``StreamResult`` from a response: its status, then one SSE event's data at a time."""
 
@@ -116,6 +130,10 @@ class _Reader:
             return False
         if isinstance(value, dict):
             self.result.final = value
+            response = value.get("response")  # a Response's usage is inside it
+            usage = value.get("usage") or (response.get("usage") if isinstance(response, dict) else None)
+            if isinstance(usage, dict):
+                self.result.usage = usage
         piece = self.piece_of(value)
         if piece:
             self.result.pieces.append(piece)

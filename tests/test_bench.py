@@ -6,13 +6,16 @@ import ast
 import json
 from pathlib import Path
 
-from llmkit import bench
+from llmkit import bench, client
 from llmkit.bench.prompts import QUESTION, REVIEWS
+from llmkit.bench.servers import OpenAIServer, through
 from llmkit.cli import build_parser
 
 SERVERS = (bench.RAW, "sequential", "slots", bench.NO_BUDGET, "llama-server")
 COLUMNS = ["server", "streams", "tokens", "wall s", "aggregate tok/s", "TTFT median ms", "TTFT p90 ms",
            "per-stream tok/s", "busy slots/decode", "Python share of step"]  # fmt: skip
+API_COLUMNS = ["server", "streams", "API", "tokens", "wall s", "aggregate tok/s", "/ chat", "range over rounds", "TTFT median ms",
+               "per-stream tok/s", "server CPU ms/token"]  # fmt: skip
 
 
 def markdown_table(text: str, header_start: str) -> list[list[str]]:
@@ -44,6 +47,8 @@ def test_bench_tiny_run(tmp_path):
         chat_tokens=200,
         greedy_runs=2,
         greedy_tokens=16,
+        api_streams=(1, 2),
+        api_rounds=2,
     )
     results = bench.run(cfg)
 
@@ -91,6 +96,25 @@ def test_bench_tiny_run(tmp_path):
         assert f"slots aggregate tok/s level with llama-server, >= 0.95x ({level} streams)" in judged
     assert targets[-1][0].startswith("slots / llama-server") and targets[-1][2] == "info"
 
+    # API streaming cost: the same streams through chat, Responses and Messages, every one to the budget
+    apis = markdown_table(saved, "| server | streams | API")
+    assert apis[0] == API_COLUMNS and all(len(row) == len(API_COLUMNS) for row in apis)
+    expected = [(s, c, a) for s in ("slots", "llama-server") for c in (1, 2) for a in ("chat", "responses", "messages")]
+    assert [(row[0], int(row[1]), row[2]) for row in apis[1:]] == expected
+    assert [(a["server"], a["streams"], a["api"]) for a in results.apis] == expected
+    for a in results.apis:  # Messages has no ignore_eos: the prompt's answer runs past the budget, counted from its usage
+        assert a["rounds"] == 2 and a["tokens"] == a["min_tokens"] == a["budget"] == 8 * a["streams"], a
+        assert a["tokens_per_s"] > 0 and a["cpu_ms_per_token"] > 0 and a["ttft_median_ms"] > 0
+        assert a["ratio_low"] <= a["ratio"] <= a["ratio_high"] and len(a["ratios"]) == 2
+        assert a["ratio"] == 1.0 if a["api"] == "chat" else a["ratio"] > 0
+    verdicts = {row[0]: (row[1], row[2]) for row in targets[1:]}
+    for level in (1, 2):
+        for api in ("responses", "messages"):  # measured; at this size the noise may be more than the margin: then not judged
+            measured, verdict = verdicts[f"slots streaming through {api}: aggregate tok/s >= 0.97x chat's ({level} streams)"]
+            assert verdict in ("PASS", "FAIL") or (verdict == "n/a" and measured.endswith("within chat's own spread, not judged"))
+        assert any(row[0].startswith("llama-server streaming through responses, messages") and row[0].endswith(f"({level} streams)")
+                   and row[2] == "info" for row in targets)  # fmt: skip
+
     # greedy drift: information, not a target; counts within 0..runs, and alone twice is alone
     greedy = results.greedy
     assert "## Greedy answers alone vs batched" in saved
@@ -107,6 +131,44 @@ def test_bench_tiny_run(tmp_path):
     data = json.loads((tmp_path / "results.json").read_text())
     assert len(data["rows"]) == 10 and len(data["arrivals"]) == 4 and len(data["kv_cache"]) == 2 and data["config"]["max_tokens"] == 8
     assert data["greedy"]["runs"] == 2 and data["greedy"]["reviews"] == greedy["reviews"] and data["config"]["greedy_runs"] == 2
+    assert data["apis"] == results.apis and data["config"]["api_streams"] == [1, 2]
+
+
+def test_api_requests_and_named_events():
+    """The same request through each chat API, and the pieces and usage read back from each one's events (no model)."""
+    server = OpenAIServer("slots", "http://127.0.0.1:1")
+    chat, responses, messages = (through(server, api).request("Hello", 16) for api in ("chat", "responses", "messages"))
+    question = chat["messages"][0]["content"]
+    assert chat["max_tokens"] == 16 and chat["ignore_eos"] and chat["temperature"] == 0 and chat["stream"]
+    assert responses == {"model": "default", "input": question, "stream": True, "max_output_tokens": 16, "temperature": 0,
+                         "ignore_eos": True}  # fmt: skip
+    assert messages == {"model": "default", "messages": [{"role": "user", "content": question}], "stream": True, "max_tokens": 16,
+                        "temperature": 0}  # fmt: skip
+    assert through(server, "responses").request("Hi", 1, system="Be brief.")["instructions"] == "Be brief."
+    assert through(server, "messages").request("Hi", 1, system="Be brief.")["system"] == "Be brief."
+    assert bench.Config().api_levels == (1, 8) and bench.Config(concurrency=(1, 2, 4)).api_levels == (1, 4)  # at most the slots
+
+    def read(events: list[dict], piece_of: client.PieceOf) -> client.StreamResult:
+        reader = client._Reader(piece_of, None, first_only=False)
+        for event in events:
+            if not reader.event(json.dumps(event)):
+                break
+        return reader.done()
+
+    usage = {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7}
+    r = read([{"type": "response.created", "response": {"usage": None}}, {"type": "response.output_text.delta", "delta": "He"},
+              {"type": "response.output_text.delta", "delta": "llo"}, {"type": "response.output_text.done", "text": "Hello"},
+              {"type": "response.completed", "response": {"usage": usage}}], client.responses_piece)  # fmt: skip
+    assert r.pieces == ["He", "llo"] and r.usage == usage and r.n_tokens == 2
+    r = read([{"type": "message_start", "message": {"usage": {"input_tokens": 5, "output_tokens": 0}}}, {"type": "ping"},
+              {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+              {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
+              {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "{"}},
+              {"type": "message_delta", "delta": {"stop_reason": "max_tokens"}, "usage": {"output_tokens": 3}},
+              {"type": "message_stop"}], client.messages_piece)  # fmt: skip
+    assert r.pieces == ["Hi"] and r.n_tokens == 3 and r.final == {"type": "message_stop"}
+    r = read([{"type": "error", "error": {"type": "api_error", "message": "boom"}}], client.messages_piece)
+    assert r.error == {"type": "api_error", "message": "boom"} and r.n_tokens == 0
 
 
 def test_greedy_prompts_are_chapter_6s():
@@ -145,3 +207,21 @@ def test_bench_command_line():
     assert build_parser().parse_args(["bench"]).greedy_runs == 0  # off unless asked (make bench asks for 25)
     assert args.url == ["llama-server=http://127.0.0.1:8081"] and args.concurrency == [1, 4]
     assert args.skip == ["sequential"] and args.soak == 1000 and args.max_tokens == 128 and args.out == "bench-results"
+
+
+def test_api_targets_judge_against_chats_own_spread():
+    """>= 0.97x chat's passes; below, it fails only beyond chat's own lowest round, else the run cannot tell (no model)."""
+
+    def entry(api: str, ratio: float, low: float, high: float) -> dict:
+        return {"server": "slots", "api": api, "streams": 1, "ratio": ratio, "ratio_low": low, "ratio_high": high, "min_tokens": 8,
+                "budget": 8}  # fmt: skip
+
+    def verdicts(chat_low: float, responses: float, messages: float) -> dict[str, tuple[str, str]]:
+        apis = [entry("chat", 1.0, chat_low, 1.01), entry("responses", responses, 0.9, 1.1), entry("messages", messages, 0.9, 1.1)]
+        targets = bench.report.judge([], [], None, bench.Config(concurrency=(1,), api_streams=(1,)), apis=apis)
+        return {t.split(":")[0].removeprefix("slots streaming through "): (m, v) for t, m, v in targets if "streaming through" in t}
+
+    assert {k: v for k, (_, v) in verdicts(0.99, 0.98, 0.95).items()} == {"responses": "PASS", "messages": "FAIL"}
+    judged = verdicts(0.90, 1.0, 0.95)
+    assert judged["responses"][1] == "PASS" and judged["messages"][1] == "n/a"
+    assert judged["messages"][0] == "0.950x (rounds 0.90-1.10; chat's own rounds 0.90-1.01): within chat's own spread, not judged"

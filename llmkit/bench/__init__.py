@@ -11,6 +11,9 @@ What one run measures (and writes to ``bench-results/``: results.md, results.jso
   sends one streamed request; aggregate tokens/s = all generated tokens / (first
   request sent -> last stream done), time to first token (TTFT), tokens/s per
   stream, and from ``/metrics`` busy slots per decode and Python's share of each step;
+- API streaming cost (``scenarios.api_streaming``), on the slot server and llama-server:
+  the same greedy streams through chat, Responses and Messages at 1 and 8 streams,
+  back to back in each of 5 rounds: aggregate tokens/s per API and its ratio to chat's;
 - prefix reuse (``scenarios.prefix_reuse``): TTFT of a request with a new ~800-token
   system prompt (cold) vs the next ones that share it (warm);
 - arrivals (``scenarios.arrivals``): a burst of long prompts while 1 or 4 streams run;
@@ -38,7 +41,7 @@ The package, one role per module:
     prompts    the texts, the translation prompt, long made-up texts of N tokens
     servers    SequentialServer, OpenAIServer: each kind's request and stream; starting them
     raw        RawDecoder: the same work on llama.cpp alone
-    scenarios  what is measured: all_levels, prefix_reuse, arrivals, kv_cache, soak, greedy_drift
+    scenarios  what is measured: all_levels, api_streaming, prefix_reuse, arrivals, kv_cache, soak, greedy_drift
     report     tables, plot, targets
     run() (here) runs them all and writes the results
 """
@@ -57,10 +60,10 @@ from tqdm import tqdm
 
 from llmkit import launch
 from llmkit.bench import report
-from llmkit.bench.config import CACHE_REUSE, NO_BUDGET, RAW, SOAK_CACHE_RAM_MIB, BenchError, Config
+from llmkit.bench.config import API_RATIO, CACHE_REUSE, NO_BUDGET, RAW, SOAK_CACHE_RAM_MIB, BenchError, Config
 from llmkit.bench.prompts import LANG, TEXTS, chat_prompt, edited_chat, long_system_prompt, long_text
 from llmkit.bench.raw import RawDecoder
-from llmkit.bench.scenarios import Row, all_levels, arrivals, greedy_drift, kv_cache, prefix_reuse, soak
+from llmkit.bench.scenarios import Row, all_levels, api_streaming, arrivals, greedy_drift, kv_cache, prefix_reuse, soak
 from llmkit.bench.servers import OpenAIServer, SequentialServer, Server, server_flags, start_servers
 
 __all__ = [
@@ -81,19 +84,22 @@ class Results:
     arrivals: list[dict] = field(default_factory=list)
     kv_cache: list[dict] = field(default_factory=list)
     greedy: dict | None = None
+    apis: list[dict] = field(default_factory=list)
 
 
 def run(cfg: Config) -> Results:
     """Every scenario on every server not skipped; the tables, plot and JSON written to ``cfg.out``."""
     cfg.out.mkdir(parents=True, exist_ok=True)
-    prefix, burst, caching, soaked = [], [], [], None
+    prefix, burst, caching, soaked, apis = [], [], [], None, []
     with contextlib.ExitStack() as stack:
         raw = None
-        if "raw" not in cfg.skip:
+        if "raw" not in cfg.skip and "levels" not in cfg.skip:
             raw = RawDecoder(cfg)
             stack.callback(raw.close)
         servers = start_servers(cfg, stack)
-        rows = asyncio.run(all_levels(servers, raw, cfg))
+        rows = asyncio.run(all_levels(servers, raw, cfg)) if "levels" not in cfg.skip else []
+        if cfg.api_levels and "apis" not in cfg.skip:
+            apis = asyncio.run(api_streaming(servers, cfg))
         if "prefix" not in cfg.skip:
             system = long_system_prompt(cfg.model, cfg.prefix_tokens)
             for server in tqdm(servers, desc="prefix reuse", leave=False):
@@ -115,14 +121,25 @@ def run(cfg: Config) -> Results:
         with launch.serve("slots", "-np", "4", "-c", "8192", "--cache-ram", str(SOAK_CACHE_RAM_MIB), *server_flags(cfg)) as p:
             soaked = asyncio.run(soak(OpenAIServer("slots (4 x 2048)", p.url, pid=p.process.pid), cfg))
     greedy = greedy_drift(cfg) if cfg.greedy_runs else None  # no server running: the engine has the cores to itself
-    targets = report.judge(rows, prefix, soaked, cfg, burst, caching, greedy)
+    targets = report.judge(rows, prefix, soaked, cfg, burst, caching, greedy, apis)
     plot_path, table_path = cfg.out / "bench.png", cfg.out / "results.md"
-    report.plot(rows, plot_path)
+    if rows:
+        report.plot(rows, plot_path)
     parts = [
         f"# llmkit bench: {max(cfg.concurrency)} streams max, {cfg.max_tokens} tokens each, threads {cfg.threads or os.cpu_count()}, "
         f"median of {cfg.rounds} round{'s' * (cfg.rounds > 1)}",
         "## Throughput and latency\n\n" + report.table(rows),
     ]
+    if apis:
+        parts.append(
+            f"## Streaming through each chat API ({cfg.max_tokens} tokens per stream, median of {cfg.api_rounds} rounds)\n\n"
+            "The same greedy prompt through chat, Responses and Messages, back to back in every round (chat and Responses with "
+            "ignore_eos; Messages has none, and the prompt's answer runs past the budget); tokens from each API's usage. "
+            "/ chat: the median of the ratios to chat's tok/s in the same round; range: their lowest and highest (for chat, its "
+            "rounds against their median: what the machine alone moves). Server CPU: the server process's CPU time per generated "
+            f"token. Target: on the slot server, >= {API_RATIO}x chat; a ratio below that fails only if it is also below chat's "
+            "own lowest round (else this run cannot tell, and says so).\n\n" + report.apis_table(apis)
+        )
     if prefix:
         parts.append(f"## Prefix reuse (~{cfg.prefix_tokens}-token shared prefix, first token only)\n\n" + report.prefix_table(prefix))
     if burst:
@@ -152,7 +169,8 @@ def run(cfg: Config) -> Results:
         "kv_cache": caching,
         "soak": soaked,
         "greedy": greedy,
+        "apis": apis,
         "targets": targets,
     }
     (cfg.out / "results.json").write_text(json.dumps(data, indent=2))
-    return Results(rows, prefix, soaked, targets, markdown, table_path, plot_path, burst, caching, greedy)
+    return Results(rows, prefix, soaked, targets, markdown, table_path, plot_path, burst, caching, greedy, apis)

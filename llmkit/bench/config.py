@@ -9,6 +9,7 @@ RAW = "raw decode (no server)"  # the row name of the raw loop
 NO_BUDGET = "slots, no budget"  # the slot server with --step-tokens 0
 CACHE_REUSE = 64  # --cache-reuse of the kv_cache scenario's servers (llama-server's presets use 256)
 SOAK_CACHE_RAM_MIB = 64  # --cache-ram of the soak's server: small, so that 1000 distinct prompts must evict
+API_RATIO = 0.97  # API streaming cost: Responses and Messages tok/s >= this x chat's, on the slot server
 GREEDY_SLOTS = 4  # the greedy-drift engine's slots (explicit n_parallel: one KV stream each), as chapter 6's server
 
 
@@ -20,7 +21,8 @@ class Config:
     model: str | None = None
     urls: dict[str, str] = field(default_factory=dict)  # name -> base URL of an OpenAI-compatible server
     out: Path = Path("bench-results")
-    skip: frozenset[str] = frozenset()  # any of: sequential, slots, no-budget, llama-server, raw, prefix, arrivals, kv-cache
+    # any of: sequential, slots, no-budget, llama-server, raw, prefix, arrivals, kv-cache; apis, levels (the concurrency levels)
+    skip: frozenset[str] = frozenset()
     ctx_per_slot: int = 1024
     prefix_tokens: int = 800
     chat_tokens: int = 1000  # the kv_cache scenario's edited chat
@@ -33,6 +35,13 @@ class Config:
     soak_every: int = 100
     greedy_runs: int = 0  # greedy drift: batched runs of chapter 6's 8 reviews, each compared with the answers alone (0: skip it)
     greedy_tokens: int = 64  # greedy drift: max_tokens of each answer (chapter 6's MAX_TOKENS)
+    api_streams: tuple[int, ...] = (1, 8)  # API streaming cost: concurrent streams through each chat API (empty: skip it)
+    api_rounds: int = 5  # API streaming cost: rounds, each API's ratio to chat taken within a round, the median reported
+
+    @property
+    def api_levels(self) -> tuple[int, ...]:
+        """``api_streams`` capped at the slots of the servers started here (``max(concurrency)``): more would wait for one."""
+        return tuple(sorted({min(n, max(self.concurrency)) for n in self.api_streams}))
 
 
 class BenchError(RuntimeError):

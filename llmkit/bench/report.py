@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from llmkit.bench.config import NO_BUDGET, RAW, SOAK_CACHE_RAM_MIB, Config
+from llmkit.bench.config import API_RATIO, NO_BUDGET, RAW, SOAK_CACHE_RAM_MIB, Config
 from llmkit.bench.scenarios import Row
 
 GROWTH_LIMIT = 1.03  # soak: last RSS sample / first (after 100 requests) must stay under this
@@ -25,6 +25,19 @@ def table(rows: list[Row]) -> str:
             f"| {r.server} | {r.concurrency} | {r.tokens} | {r.seconds:.2f} | {r.tokens_per_s:.1f} | {fmt(r.ttft_median_ms)} | "
             f"{fmt(r.ttft_p90_ms)} | {fmt(r.stream_tokens_per_s, '.1f')} | {fmt(r.busy_slots_per_decode, '.2f')} | {share} |"
         )
+    return "\n".join(lines)
+
+
+def apis_table(results: list[dict]) -> str:
+    """One row per server, level and API: the median round's numbers, the median ratio to chat and the rounds' range."""
+    columns = ["server", "streams", "API", "tokens", "wall s", "aggregate tok/s", "/ chat", "range over rounds", "TTFT median ms",
+               "per-stream tok/s", "server CPU ms/token"]  # fmt: skip
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in results:
+        tokens = f"{r['tokens']}" + ("" if r["min_tokens"] == r["budget"] else f" (fewest {r['min_tokens']} of {r['budget']})")
+        lines.append(f"| {r['server']} | {r['streams']} | {r['api']} | {tokens} | {r['seconds']:.2f} | {r['tokens_per_s']:.1f} | "
+                     f"{r['ratio']:.3f} | {r['ratio_low']:.2f}-{r['ratio_high']:.2f} | {fmt(r['ttft_median_ms'])} | "
+                     f"{fmt(r['stream_tokens_per_s'], '.1f')} | {fmt(r['cpu_ms_per_token'], '.2f')} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -134,6 +147,7 @@ def judge(
     burst: Sequence[dict] = (),
     caching: Sequence[dict] = (),
     greedy: dict | None = None,
+    apis: Sequence[dict] = (),
 ) -> list[tuple[str, str, str]]:
     """The targets: (target, measured, PASS | FAIL | n/a | info), judged on ratios of numbers from this run."""
     n = max(cfg.concurrency)
@@ -164,6 +178,29 @@ def judge(
         check(f"Python share of slot-server step time < 3 % ({level} streams)", share, lambda x: x < 0.03, f"{100 * (share or 0):.1f} %")
         r = mine.tokens_per_s / theirs.tokens_per_s if mine and theirs else None
         check(f"slots aggregate tok/s level with llama-server, >= 0.95x ({level} streams)", r, lambda x: x >= 0.95, f"{r or 0:.2f}x")
+    api = {(a["server"], a["api"], a["streams"]): a for a in apis}
+    for level in cfg.api_levels:
+        chat = api.get(("slots", "chat", level))
+        for name in ("responses", "messages"):
+            a = api.get(("slots", name, level))
+            target = f"slots streaming through {name}: aggregate tok/s >= {API_RATIO}x chat's ({level} streams)"
+            if not a or not chat:
+                out.append((target, "not measured", "n/a"))
+                continue
+            shown = (f"{a['ratio']:.3f}x (rounds {a['ratio_low']:.2f}-{a['ratio_high']:.2f}; "
+                     f"chat's own rounds {chat['ratio_low']:.2f}-{chat['ratio_high']:.2f})")  # fmt: skip
+            if a["min_tokens"] < a["budget"]:
+                shown += f", fewest tokens {a['min_tokens']} of {a['budget']}"
+            if a["ratio"] >= API_RATIO:
+                out.append((target, shown, "PASS"))
+            elif a["ratio"] < chat["ratio_low"]:  # slower than chat ever was against itself: beyond this run's noise
+                out.append((target, shown, "FAIL"))
+            else:  # the machine moved chat alone further than that: this run cannot tell
+                out.append((target, shown + ": within chat's own spread, not judged", "n/a"))
+        responses, messages = (api.get(("llama-server", name, level)) for name in ("responses", "messages"))
+        if responses and messages:
+            out.append((f"llama-server streaming through responses, messages: aggregate tok/s / chat's ({level} streams)",
+                        f"{responses['ratio']:.3f}x, {messages['ratio']:.3f}x", "info"))  # fmt: skip
     p = next((p for p in prefix if p["server"] == "slots"), None)
     r = p["speedup"] if p else None
     check("slots prefix reuse: cold TTFT / warm TTFT >= 20x", r, lambda x: x >= 20, f"{r or 0:.1f}x")

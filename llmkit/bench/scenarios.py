@@ -1,6 +1,7 @@
 """What the bench measures, one scenario per function, every server treated alike.
 
     all_levels    n clients at once, one streamed request each, for n in 1, 2, 4, 8 (the raw loop too)
+    api_streaming the same streams through chat, Responses and Messages, at 1 and 8 streams: tok/s per API vs chat
     prefix_reuse  first token behind a new long prefix (cold) vs behind the same prefix again (warm)
     arrivals      a burst of long prompts while streams run: the streams' worst gap, the arrivals' first token
     kv_cache      a long prefix back from the host-RAM prompt cache on another slot; an edited chat with cache reuse
@@ -17,8 +18,11 @@ not a server's: it runs once, on an ``Engine`` of its own.)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
+import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,7 +31,7 @@ from tqdm import tqdm
 
 from llmkit.bench.config import GREEDY_SLOTS, RAW, Config
 from llmkit.bench.prompts import QUESTION, REVIEWS, TEXTS
-from llmkit.bench.servers import OpenAIServer, Server, http_client
+from llmkit.bench.servers import APIS, OpenAIServer, Server, http_client, through
 from llmkit.client import StreamResult
 
 if TYPE_CHECKING:
@@ -58,8 +62,8 @@ class Row:
     python_share: float | None = None
 
 
-async def one_level(http: httpx.AsyncClient, server: Server, n: int, cfg: Config, bar: tqdm) -> Row:
-    """``n`` clients, one streamed request each, all sent at once."""
+async def one_level(http: httpx.AsyncClient, server: Server, n: int, cfg: Config, bar: tqdm, texts: Sequence[str] = TEXTS) -> Row:
+    """``n`` clients, one streamed request each, all sent at once (the i-th translates ``texts[i % len(texts)]``)."""
     before = await server.scrape(http)
     t0 = time.perf_counter()
 
@@ -68,7 +72,7 @@ async def one_level(http: httpx.AsyncClient, server: Server, n: int, cfg: Config
         bar.update()
         return stream
 
-    streams = await asyncio.gather(*(go(TEXTS[i % len(TEXTS)]) for i in range(n)))
+    streams = await asyncio.gather(*(go(texts[i % len(texts)]) for i in range(n)))
     seconds = max(s.t_done for s in streams) - t0
     tokens = sum(s.n_tokens for s in streams)
     ttfts = [ttft(s) * 1e3 for s in streams]
@@ -126,6 +130,89 @@ async def all_levels(servers: list[Server], raw: RawDecoder | None, cfg: Config)
     order = {RAW: -1} | {s.name: i for i, s in enumerate(servers)}
     medians = [sorted(rows, key=lambda row: row.tokens_per_s)[len(rows) // 2] for rows in runs.values()]
     return sorted(medians, key=lambda row: (order[row.server], row.concurrency))
+
+
+# --- API streaming cost: the same streams through chat, Responses and Messages --------------------
+
+API_SERVERS = ("slots", "llama-server")  # the servers started here that speak all three chat APIs
+API_TEXT = TEXTS[0]  # its greedy translation repeats itself: runs past any budget, also where ignore_eos cannot be asked
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far, in seconds (its threads included)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
+
+
+async def api_streaming(servers: list[Server], cfg: Config) -> list[dict]:
+    """Does streaming through the Responses or Messages API cost more than through chat? For each level
+    ``n`` in ``cfg.api_levels``, every server of ``API_SERVERS`` streams the same ``n`` requests through
+    each API (``servers.through``): the same greedy prompt (the translation of ``API_TEXT``) and budget
+    (``cfg.max_tokens``) in each API's own body. Chat and Responses ask for ``ignore_eos``; Messages has
+    no such field, so the prompt is one whose answer runs past the budget, and every API's tokens are
+    counted from the usage it sends (``tokens`` shows any stream that ended early). Prompts are cached
+    (Messages has no ``cache_prompt`` either): every API reads the same ~1 new prompt token per stream.
+
+    Noise: ``cfg.api_rounds`` rounds; in each, every server in turn streams through the three APIs back
+    to back (their order rotating), and each API's tok/s is divided by chat's of the same round. One dict
+    per server, level and API: the median round's numbers (as ``all_levels``), the server's CPU time per
+    generated token (servers started here; median of the rounds), and ``ratio`` (the median of the
+    per-round ratios to chat), ``ratio_low`` and ``ratio_high``; for chat, its own tok/s over the rounds
+    relative to its median (how much the machine alone moves a number).
+    """
+    servers = [s for s in servers if s.name in API_SERVERS]
+    if not servers or not cfg.api_levels:
+        return []
+    cached = dataclasses.replace(cfg, cache_prompt=True)
+    runs: dict[tuple[str, int, str], list[dict]] = {}
+    async with http_client(max(cfg.api_levels), keepalive=False) as http:  # back-to-back streams: no closing connection reused
+        for server in servers:  # first-request costs are not measured; every slot holds the prompt
+            await asyncio.gather(*(through(server, "chat").translate(http, API_TEXT, 4) for _ in range(max(cfg.api_levels))))
+            for api in APIS:
+                await through(server, api).translate(http, API_TEXT, 4)
+        total = cfg.api_rounds * len(servers) * len(APIS) * sum(cfg.api_levels)
+        with tqdm(total=total, desc="API streaming", unit="stream") as bar:
+            for n in cfg.api_levels:
+                for r in range(cfg.api_rounds):
+                    for server in servers[r % len(servers) :] + servers[: r % len(servers)]:
+                        order = list(APIS)[r % len(APIS) :] + list(APIS)[: r % len(APIS)]  # rotate: no API always goes first
+                        for api in order:
+                            bar.set_postfix_str(f"{server.name} {api} x{n}")
+                            pid = server.pid
+                            cpu0 = cpu_seconds(pid) if pid else 0.0
+                            row = await one_level(http, through(server, api), n, cached, bar, texts=[API_TEXT])
+                            cpu_ms = 1e3 * (cpu_seconds(pid) - cpu0) / row.tokens if pid else None
+                            runs.setdefault((server.name, n, api), []).append(dataclasses.asdict(row) | {"cpu_ms_per_token": cpu_ms})
+    out = []
+    for server in servers:
+        for n in cfg.api_levels:
+            chat = [run["tokens_per_s"] for run in runs[(server.name, n, "chat")]]
+            for api in APIS:
+                mine = runs[(server.name, n, api)]
+                if api == "chat":  # the machine's noise: chat's rounds against their median
+                    ratios = [c / float(np.median(chat)) for c in chat]
+                else:
+                    ratios = [run["tokens_per_s"] / c for run, c in zip(mine, chat, strict=True)]
+                median = sorted(mine, key=lambda run: run["tokens_per_s"])[len(mine) // 2]
+                cpu = [run["cpu_ms_per_token"] for run in mine if run["cpu_ms_per_token"] is not None]
+                out.append(
+                    {key: median[key] for key in ("tokens", "seconds", "tokens_per_s", "ttft_median_ms", "stream_tokens_per_s")}
+                    | {
+                        "server": server.name,
+                        "api": api,
+                        "streams": n,
+                        "rounds": len(mine),
+                        "budget": n * cfg.max_tokens,
+                        "min_tokens": min(run["tokens"] for run in mine),
+                        "cpu_ms_per_token": float(np.median(cpu)) if cpu else None,
+                        "ratio": 1.0 if api == "chat" else float(np.median(ratios)),
+                        "ratio_low": min(ratios),
+                        "ratio_high": max(ratios),
+                        "ratios": ratios,
+                    }
+                )
+    return out
 
 
 # --- prefix reuse -------------------------------------------------------------------------

@@ -3,7 +3,10 @@
 Each kind knows its request (``request``), how to read its stream
 (``piece_of``: the shared SSE reader of ``llmkit.client`` does the rest), how
 to ask for a first token behind a long shared prefix (``prefixed``), and
-whether it has ``/metrics`` to scrape.
+whether it has ``/metrics`` to scrape. An OpenAI-compatible server that also
+speaks the Responses and Messages APIs (the slot server, llama-server) is seen
+through either of them as ``ResponsesServer`` or ``MessagesServer`` (``through``):
+the same requests, in that API's body, read from its named events.
 """
 
 from __future__ import annotations
@@ -78,15 +81,23 @@ class SequentialServer(Server):
 class OpenAIServer(Server):
     """``POST /v1/chat/completions``: greedy, ``ignore_eos`` (every stream generates exactly max_tokens), usage in the last chunk."""
 
+    api: ClassVar[str] = "chat"
     path = "/v1/chat/completions"
     piece_of = staticmethod(client.chat_piece)
 
     def request(self, text: str, max_tokens: int, *, cache_prompt: bool = True, system: str | None = None) -> dict:
         """With a ``system`` prompt, ``text`` is sent as it is, as the user's question."""
-        messages = [{"role": "user", "content": chat_prompt(text) if system is None else text}]
+        body = self.body(chat_prompt(text) if system is None else text, max_tokens, system)
+        if not cache_prompt:
+            body["cache_prompt"] = False  # llama-server's field: the Messages API has no place for it (both servers drop it)
+        return body
+
+    def body(self, question: str, max_tokens: int, system: str | None = None) -> dict:
+        """One greedy streamed request: ``question`` as the user's message, after a ``system`` prompt if any."""
+        messages = [{"role": "user", "content": question}]
         if system is not None:
             messages.insert(0, {"role": "system", "content": system})
-        body = {
+        return {
             "model": "default",
             "messages": messages,
             "stream": True,
@@ -95,9 +106,6 @@ class OpenAIServer(Server):
             "ignore_eos": True,
             "stream_options": {"include_usage": True},
         }
-        if not cache_prompt:
-            body["cache_prompt"] = False
-        return body
 
     def chat_request(self, messages: list[dict], max_tokens: int) -> dict:
         """A greedy streamed request for a whole chat."""
@@ -116,8 +124,48 @@ class OpenAIServer(Server):
         return None
 
 
-def http_client(connections: int) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=connections + 2, max_keepalive_connections=connections + 2)
+class ResponsesServer(OpenAIServer):
+    """``POST /v1/responses``: the same request as chat's (the question as ``input``, the system prompt as ``instructions``,
+    ``max_output_tokens``, ``ignore_eos``: both servers take llama-server's fields here); text in ``response.output_text.delta``
+    events, usage in ``response.completed``."""
+
+    api = "responses"
+    path = "/v1/responses"
+    piece_of = staticmethod(client.responses_piece)
+
+    def body(self, question: str, max_tokens: int, system: str | None = None) -> dict:
+        body = {"model": "default", "input": question, "stream": True, "max_output_tokens": max_tokens, "temperature": 0,
+                "ignore_eos": True}  # fmt: skip
+        return body if system is None else {"instructions": system, **body}
+
+
+class MessagesServer(OpenAIServer):
+    """``POST /v1/messages``: the same request as chat's in Anthropic's body, which has no ``ignore_eos`` (both servers
+    drop it): a stream ends at the budget only if the answer runs that long, and its tokens are counted from the usage
+    of ``message_delta``. Text in ``content_block_delta`` events."""
+
+    api = "messages"
+    path = "/v1/messages"
+    piece_of = staticmethod(client.messages_piece)
+
+    def body(self, question: str, max_tokens: int, system: str | None = None) -> dict:
+        body = {"model": "default", "messages": [{"role": "user", "content": question}], "stream": True, "max_tokens": max_tokens,
+                "temperature": 0}  # fmt: skip
+        return body if system is None else {"system": system, **body}
+
+
+APIS: dict[str, type[OpenAIServer]] = {kind.api: kind for kind in (OpenAIServer, ResponsesServer, MessagesServer)}
+
+
+def through(server: Server, api: str) -> OpenAIServer:
+    """``server`` (the slot server, llama-server) seen through one of its chat APIs: "chat", "responses" or "messages"."""
+    return APIS[api](server.name, server.url, server.pid)
+
+
+def http_client(connections: int, *, keepalive: bool = True) -> httpx.AsyncClient:
+    """``keepalive=False``: a new connection per request. llama-server closes its connection after every stream (while
+    its headers say keep-alive), so a request sent right after one ends can take a connection that is closing."""
+    limits = httpx.Limits(max_connections=connections + 2, max_keepalive_connections=(connections + 2) * keepalive)
     return httpx.AsyncClient(timeout=httpx.Timeout(30, read=600), limits=limits)
 
 

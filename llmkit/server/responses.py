@@ -285,6 +285,7 @@ class ResponsesFormatter:
     created: int = field(default_factory=lambda: int(time.time()))
     items: list[dict] = field(default_factory=list)  # the output items so far (a stream's, in order)
     open_item: dict | None = None  # the one still being written
+    written: list[str] = field(default_factory=list)  # its text or arguments so far, joined when it closes
     sequence_number: int = 0
     done = None
     frame = staticmethod(sse.named_event)
@@ -352,12 +353,12 @@ class ResponsesFormatter:
                 if self.open_item is None or self.open_item["type"] != "message":
                     events += self.add_item(self.message_item("", "in_progress"))
                     events.append(self.event("content_part.added", **self.where(), part=self.part("")))
-                self.open_item["content"][0]["text"] += d.content  # type: ignore[index]  # just added
+                self.written.append(d.content)
                 events.append(self.event("output_text.delta", **self.where(), delta=d.content, logprobs=[]))
             elif d.name:
                 events += self.add_item(self.call_item(d.id, d.name, "", "in_progress"))
             else:
-                self.open_item["arguments"] += d.arguments  # type: ignore[index]  # the call's item
+                self.written.append(d.arguments)
                 events.append(self.event("function_call_arguments.delta", **self.where(part=False), delta=d.arguments))
         return events
 
@@ -374,7 +375,7 @@ class ResponsesFormatter:
     def add_item(self, item: dict) -> list[dict]:
         events = self.close_item("completed")
         self.items.append(item)
-        self.open_item = item
+        self.open_item, self.written = item, []
         return [
             *events,
             self.event(
@@ -391,10 +392,11 @@ class ResponsesFormatter:
         events: list[dict] = []
         where = {"item_id": item["id"], "output_index": len(self.items) - 1}
         if item["type"] == "message":
-            text = item["content"][0]["text"]
+            text = item["content"][0]["text"] = "".join(self.written)
             events.append(self.event("output_text.done", **where, content_index=0, text=text, logprobs=[]))
             events.append(self.event("content_part.done", **where, content_index=0, part=self.part(text)))
         else:
+            item["arguments"] = "".join(self.written)
             events.append(self.event("function_call_arguments.done", **where, name=item["name"], arguments=item["arguments"]))
         item["status"] = status
         return [*events, self.event("output_item.done", output_index=where["output_index"], item=item)]
