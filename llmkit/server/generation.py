@@ -33,7 +33,6 @@ from llmkit.server.protocol import (
     ChatRequest,
     CompletionRequest,
     GenerationRequest,
-    Message,
     NativeCompletionRequest,
     check_tokens,
     constraint_of,
@@ -91,15 +90,16 @@ def openai_formatter(state: ServerState, body: GenerationRequest, *, chat: bool)
 
 async def chat(http_request: Request, state: ServerState, body: ChatRequest, fmt: sse.WireFormat) -> Any:
     """A chat request, from any of the three chat APIs (the others convert theirs to this one)."""
-    calling = await off_loop(body.tool_calling, state.engine.model.chat_template)
-    prompt = await off_loop(chat_prompt, state.engine.model, body.messages, calling)
+    prompt, calling = await off_loop(chat_prompt, state.engine.model, body)
     return await generate(http_request, state, body, prompt, fmt, calling)
 
 
-def chat_prompt(model: Model, messages: list[Message], calling: ToolCalling) -> list[int]:
-    """The conversation rendered with the model's chat template, tools described as ``calling`` says."""
-    rendered, tools = calling.render([m.to_template() for m in messages])
-    return model.tokenize_chat(rendered, tools)
+def chat_prompt(model: Model, body: ChatRequest) -> tuple[list[int], ToolCalling]:
+    """The conversation rendered with ``model``'s chat template, tools described as they apply to it; and
+    those tools (``ChatRequest.tool_calling``: a ValueError says what is wrong with them)."""
+    calling = body.tool_calling(model.chat_template)
+    messages, tools = calling.render([m.to_template() for m in body.messages])
+    return model.tokenize_chat(messages, tools), calling
 
 
 async def generate(

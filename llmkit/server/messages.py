@@ -226,9 +226,7 @@ async def messages(body: MessagesRequest, http_request: Request, state: State) -
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(body: CountTokensRequest, state: State) -> dict:
     """The prompt's length in tokens, tools and system prompt included (llama-server: handle_count_tokens)."""
-    request = await off_loop(body.to_chat)
-    calling = await off_loop(request.tool_calling, state.engine.model.chat_template)
-    prompt = await off_loop(chat_prompt, state.engine.model, request.messages, calling)
+    prompt, _ = await off_loop(chat_prompt, state.engine.model, await off_loop(body.to_chat))
     return {"input_tokens": len(prompt)}
 
 

@@ -236,9 +236,7 @@ async def responses(body: ResponsesRequest, http_request: Request, state: State)
 @router.post("/responses/input_tokens")
 async def input_tokens(body: InputRequest, state: State) -> dict:
     """The prompt's length in tokens, instructions and tools included (llama-server: handle_count_tokens)."""
-    request = await off_loop(body.to_chat)
-    calling = await off_loop(request.tool_calling, state.engine.model.chat_template)
-    prompt = await off_loop(chat_prompt, state.engine.model, request.messages, calling)
+    prompt, _ = await off_loop(chat_prompt, state.engine.model, await off_loop(body.to_chat))
     return {"object": "response.input_tokens", "input_tokens": len(prompt)}
 
 
