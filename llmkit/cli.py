@@ -15,7 +15,7 @@ import logging
 import sys
 
 from llmkit import models
-from llmkit.engine.engine import AUTO_PARALLEL, DEFAULT_STEP_TOKENS
+from llmkit.engine.config import DEFAULT_STEP_TOKENS, EngineConfig
 
 LOG_FORMAT = "%(asctime)s %(levelname).1s %(name)s: %(message)s"
 
@@ -31,7 +31,14 @@ def add_common_server_flags(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmkit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+    add_serve_parsers(sub)
+    add_translate_parser(sub)
+    add_bench_parser(sub)
+    add_upstream_parser(sub)
+    return parser
 
+
+def add_serve_parsers(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="run a server").add_subparsers(dest="kind", required=True)
     seq = serve.add_parser("sequential", help="the tutorial's translation server: one request at a time")
     add_common_server_flags(seq)
@@ -41,6 +48,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     slots = serve.add_parser("slots", help="the OpenAI-compatible slot server: continuous batching over -np slots")
     add_common_server_flags(slots)
+    add_engine_flags(slots)
+    slots.add_argument("-n", "--n-predict", type=int, default=-1, help="default max tokens per request (-1: no limit)")
+    slots.add_argument("--temp", type=float, default=0.8, help="default sampling temperature (default 0.8, 0 = greedy)")
+    slots.add_argument("--alias", help="model name shown to clients (default: the GGUF file name)")
+    slots.add_argument("--api-key", help="require this key (Authorization: Bearer KEY or X-Api-Key); /health stays public")
+    slots.add_argument("--metrics", action="store_true", help="enable GET /metrics (Prometheus)")
+    slots.add_argument("--slots", action=argparse.BooleanOptionalAction, default=True, help="enable GET /slots (default on)")
+    slots.add_argument("--max-body-size", type=int, default=10 * 2**20, help="largest request body in bytes (default 10 MiB)")
+
+
+def add_engine_flags(slots: argparse.ArgumentParser) -> None:
+    """The flags that make an ``EngineConfig`` (``engine_config``), named like llama-server's."""
     slots.add_argument(
         "-c",
         "--ctx-size",
@@ -94,19 +113,24 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"token budget of one engine step: running streams first, then prompt chunks, so a burst of "
         f"long prompts does not stall them (default {DEFAULT_STEP_TOKENS}; 0: up to -b, as llama-server)",
     )
-    slots.add_argument("-n", "--n-predict", type=int, default=-1, help="default max tokens per request (-1: no limit)")
-    slots.add_argument("--temp", type=float, default=0.8, help="default sampling temperature (default 0.8, 0 = greedy)")
-    slots.add_argument("--alias", help="model name shown to clients (default: the GGUF file name)")
-    slots.add_argument("--api-key", help="require this key (Authorization: Bearer KEY or X-Api-Key); /health stays public")
-    slots.add_argument("--metrics", action="store_true", help="enable GET /metrics (Prometheus)")
-    slots.add_argument("--slots", action=argparse.BooleanOptionalAction, default=True, help="enable GET /slots (default on)")
-    slots.add_argument("--max-body-size", type=int, default=10 * 2**20, help="largest request body in bytes (default 10 MiB)")
 
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        n_parallel=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads, kv_unified=args.kv_unified,
+        step_tokens=args.step_tokens, cache_ram_mib=args.cache_ram, cache_idle_slots=args.cache_idle_slots,
+        cache_reuse=args.cache_reuse, context_shift=args.context_shift,
+    )  # fmt: skip
+
+
+def add_translate_parser(sub: argparse._SubParsersAction) -> None:
     tr = sub.add_parser("translate", help="stream a translation from a running sequential server")
     tr.add_argument("text")
     tr.add_argument("--to", default="ja", help="target language (default ja)")
     tr.add_argument("--url", default="http://127.0.0.1:8080")
 
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("bench", help="benchmark the servers side by side (tokens/s, time to first token, targets)")
     b.add_argument("--url", action="append", default=[], metavar="NAME=URL", help="also bench this OpenAI-compatible server (repeatable)")
     b.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8], metavar="N", help="concurrent streams (default 1 2 4 8)")
@@ -145,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="also answer chapter 6's 8 reviews greedily alone, then R times batched on 4 slots, and count the answers that differ",
     )
 
+
+def add_upstream_parser(sub: argparse._SubParsersAction) -> None:
     up = sub.add_parser("upstream", help="the llama.cpp that llmkit runs: llama-server's source and binary")
     actions = up.add_subparsers(dest="action", required=True)
     find = actions.add_parser("find", help="print a C++ function, method, struct or enum by name, with line numbers")
@@ -152,7 +178,6 @@ def build_parser() -> argparse.ArgumentParser:
     find.add_argument("--all", action="store_true", help="every definition of that name (overloads, several classes)")
     actions.add_parser("build", help="build llama-server from that source (once, ~12 min on 2 cores) and print its path")
     actions.add_parser("path", help="fetch the source if needed and print where it is")
-    return parser
 
 
 def serve_sequential(args: argparse.Namespace) -> None:
@@ -178,26 +203,16 @@ def serve_slots(args: argparse.Namespace) -> int:
     from llmkit.server import Settings, create_app
 
     path = models.resolve_model(args.model)  # a bad path fails here, before the server starts
-    n_slots = AUTO_PARALLEL if args.parallel == -1 else args.parallel
-    if args.step_tokens and args.step_tokens < 2 * n_slots:
-        print(f"llmkit: error: --step-tokens must be 0 or at least 2 x the number of slots = {2 * n_slots}", file=sys.stderr)
+    config = engine_config(args)
+    try:
+        config.resolved()  # the engine's own check, before the server starts
+    except ValueError as exc:
+        print(f"llmkit: error: {exc}", file=sys.stderr)
         return 2
 
     def load() -> Engine:
         try:
-            return Engine(
-                path,
-                n_parallel=args.parallel,
-                n_ctx=args.ctx_size,
-                n_batch=args.batch_size,
-                n_threads=args.threads,
-                kv_unified=args.kv_unified,
-                step_tokens=args.step_tokens,
-                cache_ram_mib=args.cache_ram,
-                cache_idle_slots=args.cache_idle_slots,
-                cache_reuse=args.cache_reuse,
-                context_shift=args.context_shift,
-            )
+            return Engine(path, config)
         except BaseException:
             server.should_exit = True  # llama-server exits when the model does not load: so do we
             raise

@@ -24,7 +24,7 @@ import logging
 import mmap
 import os
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp as lc
@@ -271,6 +271,10 @@ class Context:
         """Drop sequence ``seq_id``'s cells at positions [p0, p1) (p1 < 0: to the end)."""
         return lc.llama_memory_seq_rm(self.memory, seq_id, p0, p1)
 
+    def seq_pos_max(self, seq_id: int) -> int:
+        """The last position sequence ``seq_id`` holds in the KV cache (-1: none): how a test sees what is there."""
+        return lc.llama_memory_seq_pos_max(self.memory, seq_id)
+
     def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
         """Move sequence ``seq_id``'s cells at positions [p0, p1) by ``delta`` (their keys are re-rotated)."""
         lc.llama_memory_seq_add(self.memory, seq_id, p0, p1, delta)
@@ -353,7 +357,9 @@ class Batch:
 
 @dataclass
 class SamplingParams:
-    """Per-request sampling settings, with llama-server's defaults."""
+    """Per-request sampling settings, with llama-server's defaults (~ ``common_params_sampling``: ``ignore_eos`` is
+    one of them there too, a -inf bias on the end tokens; how long to go and where to stop are the request's,
+    ``llmkit.engine.RequestParams``)."""
 
     temperature: float = 0.8
     top_k: int = 40
@@ -364,8 +370,6 @@ class SamplingParams:
     repeat_last_n: int = 64
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    max_tokens: int = -1  # -1: until end of generation or the context is full
-    stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     grammar: str | None = None  # GBNF text (root rule "root"), or a Grammar: parsed and checked once (grammar.compile)
     grammar_trigger: str | None = None  # lazy grammar: free text until this word is written, then the grammar

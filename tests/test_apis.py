@@ -384,8 +384,8 @@ Return each call as <tool_call>{"name": <function-name>, "arguments": <args-json
 def test_a_template_that_renders_tools_renders_them_and_the_call_is_the_same(model_path):
     """With such a template (a Qwen 2.5 GGUF brings one), llmkit gives it the tools and the history as they
     are, and parallel calls are on by default; the grammar and the parser stay the same."""
-    from llmkit.engine import Engine, grammar
-    from llmkit.llama import Model, SamplingParams
+    from llmkit.engine import Engine, EngineConfig, RequestParams, grammar
+    from llmkit.llama import Model
     from llmkit.server.protocol import ChatRequest
     from llmkit.server.tools import TextParser
 
@@ -405,9 +405,9 @@ def test_a_template_that_renders_tools_renders_them_and_the_call_is_the_same(mod
         call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
         assert call in prompt and "<tool_response>" not in prompt
         text, _ = calling.grammar()  # type: ignore[misc]  # required: no trigger
-        with Engine(tooled, n_parallel=1, n_ctx=2048, n_threads=1) as engine:
+        with Engine(tooled, EngineConfig(n_parallel=1, n_ctx=2048, n_threads=1)) as engine:
             forced = grammar.compile(grammar.Gbnf(text), tooled)
-            request = engine.submit(tooled.tokenize_chat(messages, tools), SamplingParams(max_tokens=120, temperature=0, grammar=forced))
+            request = engine.submit(tooled.tokenize_chat(messages, tools), RequestParams.of(max_tokens=120, temperature=0, grammar=forced))
             reader = calling.parser()
             for piece in request:
                 reader.push(piece.text)

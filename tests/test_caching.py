@@ -8,7 +8,7 @@ import os
 import pytest
 
 from llmkit.bench.scenarios import rss_mb
-from llmkit.engine import Engine
+from llmkit.engine import Engine, EngineConfig
 from llmkit.engine.prompt_cache import MIB
 
 LINES = [
@@ -35,12 +35,12 @@ def test_a_prefix_comes_back_from_ram_on_another_slot_exactly_as_it_left(model):
     # greedy output is the same. (Any prefix hit reads the rest of the prompt in a smaller batch than
     # a cold run does, and llama.cpp's float sums depend on the batch shape: the tiny model's greedy
     # choice can differ from the cold one's. llama-server's cache has the same property.)
-    with Engine(model, n_parallel=2, n_ctx=2048, n_threads=1) as engine:
+    with Engine(model, EngineConfig(n_parallel=2, n_ctx=2048, n_threads=1)) as engine:
         first = greedy(engine, SHARED + " Question: what do the gulls do? Answer:")
         first.result()
         same_slot = greedy(engine, QUESTION, id_slot=first.slot_id)
         same_slot.result()
-    with Engine(model, n_parallel=2, n_ctx=2048, n_threads=1) as engine:
+    with Engine(model, EngineConfig(n_parallel=2, n_ctx=2048, n_threads=1)) as engine:
         first = greedy(engine, SHARED + " Question: what do the gulls do? Answer:")
         first.result()
         # two unrelated prompts: both slots now hold something else, the shared prefix sits in RAM only
@@ -58,7 +58,7 @@ def test_a_prefix_comes_back_from_ram_on_another_slot_exactly_as_it_left(model):
 
 def test_the_prompt_cache_stays_within_its_limit_and_evicts_the_oldest(model):
     limit_mib = 4  # about 180 tokens of this model's KV cells (~22.5 KB a token)
-    with Engine(model, n_parallel=1, n_ctx=1024, n_threads=1, cache_ram_mib=limit_mib) as engine:
+    with Engine(model, EngineConfig(n_parallel=1, n_ctx=1024, n_threads=1, cache_ram_mib=limit_mib)) as engine:
         cache = engine.prompt_cache
         for i in range(8):
             greedy(engine, f"Note {i}: " + LINES[i % len(LINES)] * 2).result()
@@ -70,7 +70,7 @@ def test_the_prompt_cache_stays_within_its_limit_and_evicts_the_oldest(model):
 
 
 def test_no_prompt_cache_with_cache_ram_0(model):
-    with Engine(model, n_parallel=1, n_ctx=1024, n_threads=1, cache_ram_mib=0) as engine:
+    with Engine(model, EngineConfig(n_parallel=1, n_ctx=1024, n_threads=1, cache_ram_mib=0)) as engine:
         assert engine.prompt_cache is None
         greedy(engine, SHARED).result()
         greedy(engine, "Something else entirely.").result()
@@ -93,7 +93,7 @@ def test_cache_reuse_moves_the_chunk_after_an_edit_instead_of_reading_it_again(m
     edited = chat_history("My name is Ana.")
     runs = {}
     for n_cache_reuse in (32, 0):
-        with Engine(model, n_parallel=1, n_ctx=2048, n_threads=1, cache_ram_mib=0, cache_reuse=n_cache_reuse) as engine:
+        with Engine(model, EngineConfig(n_parallel=1, n_ctx=2048, n_threads=1, cache_ram_mib=0, cache_reuse=n_cache_reuse)) as engine:
             engine.chat(original, max_tokens=1, temperature=0).result()
             runs[n_cache_reuse] = engine.chat(edited, max_tokens=12, temperature=0)
             runs[n_cache_reuse].result()
@@ -112,22 +112,22 @@ def test_cache_reuse_moves_the_chunk_after_an_edit_instead_of_reading_it_again(m
 
 def test_context_shift_keeps_generating_past_the_slot(model):
     prompt = "Count: one, two, three, four, five, six,"
-    with Engine(model, n_parallel=1, n_ctx=256, n_threads=1, context_shift=True) as engine:
+    with Engine(model, EngineConfig(n_parallel=1, n_ctx=256, n_threads=1, context_shift=True)) as engine:
         r = engine.complete(prompt, max_tokens=400, temperature=0, ignore_eos=True, n_keep=-1)
         r.result()
         assert len(r.output) == 400 > engine.n_ctx_slot
         assert r.finish_reason == "length" and r.truncated
         n_prompt = len(engine.model.tokenize(prompt))
         assert engine.slots[0].cache_tokens[:n_prompt] == engine.model.tokenize(prompt)  # n_keep = -1 kept the prompt
-    with Engine(model, n_parallel=1, n_ctx=256, n_threads=1) as engine:
+    with Engine(model, EngineConfig(n_parallel=1, n_ctx=256, n_threads=1)) as engine:
         r = engine.complete(prompt, max_tokens=400, temperature=0, ignore_eos=True)
         r.result()
         assert r.finish_reason == "length" and r.truncated and len(r.output) < engine.n_ctx_slot
 
 
 def test_np_auto_is_four_slots_on_a_unified_kv_cache_serving_four_at_once(model):
-    with Engine(model, n_ctx=2048, n_threads=1) as engine:
-        assert engine.kv_unified and len(engine.slots) == 4
+    with Engine(model, EngineConfig(n_ctx=2048, n_threads=1)) as engine:
+        assert engine.config.kv_unified and len(engine.slots) == 4
         assert all(s.n_ctx == 2048 for s in engine.slots)  # each slot may use the whole context
         requests = [greedy(engine, f"{i}. " + line) for i, line in enumerate(LINES[:4])]
         assert all(r.result() for r in requests)
@@ -136,7 +136,7 @@ def test_np_auto_is_four_slots_on_a_unified_kv_cache_serving_four_at_once(model)
 
 
 def test_a_full_unified_kv_cache_clears_idle_slots_and_goes_on(model):
-    with Engine(model, n_ctx=512, n_threads=1, cache_idle_slots=False, cache_ram_mib=0) as engine:
+    with Engine(model, EngineConfig(n_ctx=512, n_threads=1, cache_idle_slots=False, cache_ram_mib=0)) as engine:
         for line in LINES[:3]:  # three slots left holding most of the 512 cells
             greedy(engine, line * 9).result()
         free = 512 - sum(s.n_past for s in engine.slots)
@@ -148,12 +148,12 @@ def test_a_full_unified_kv_cache_clears_idle_slots_and_goes_on(model):
 
 @pytest.mark.parametrize("n_parallel", [-1, 2])
 def test_idle_slots_are_saved_and_cleared_only_on_a_unified_cache(model, n_parallel):
-    with Engine(model, n_parallel=n_parallel, n_ctx=1024, n_threads=1) as engine:
+    with Engine(model, EngineConfig(n_parallel=n_parallel, n_ctx=1024, n_threads=1)) as engine:
         first = greedy(engine, SHARED)
         first.result()
         greedy(engine, "Another prompt.").result()
         held = engine.slots[first.slot_id].n_past
-        assert (held == 0) == engine.kv_unified
+        assert (held == 0) == engine.config.kv_unified
         assert any(e.tokens[:10] == engine.model.tokenize(SHARED)[:10] for e in engine.prompt_cache.entries)
 
 
@@ -199,7 +199,7 @@ def test_a_dropped_prompt_copy_gives_its_memory_back(model):
     # An evicted prompt must leave the process, not stay in malloc's heap for reuse: after a few copies of
     # several sizes have come and gone (malloc then keeps blocks of that size), dropping one more gives back
     # about its size.
-    with Engine(model, n_parallel=1, n_ctx=1024, n_threads=1) as engine:
+    with Engine(model, EngineConfig(n_parallel=1, n_ctx=1024, n_threads=1)) as engine:
         greedy(engine, SHARED).result()  # slot 0 holds ~240 tokens: a copy of ~5 MiB
         for n in range(6):
             copies = [engine.ctx.seq_state(0) for _ in range(1 + n % 3)]

@@ -9,9 +9,10 @@ import weakref
 
 import pytest
 
-from llmkit.engine import ContextSizeError, Engine, EngineError
+from llmkit.engine import ContextSizeError, End, Engine, EngineConfig, EngineError, RequestParams
+from llmkit.engine.prompt_cache import PromptCache
 from llmkit.engine.request import Piece, Request
-from llmkit.llama import Sampler, SamplingParams
+from llmkit.llama import DecodeError, Sampler
 
 from helpers import wait_until
 
@@ -31,12 +32,17 @@ def chat(question: str, system: str | None = None) -> list[dict]:
 @pytest.fixture(scope="module")
 def engine(model):
     # 4 slots of 1024 tokens; one thread: the test machine's two cores are shared
-    with Engine(model, n_parallel=4, n_ctx=4096, n_threads=1) as e:
+    with Engine(model, EngineConfig(n_parallel=4, n_ctx=4096, n_threads=1)) as e:
         yield e
 
 
 def wait_idle(engine: Engine, timeout: float = 5.0) -> None:
-    wait_until(lambda: not (engine.n_busy or engine.n_waiting), timeout)
+    wait_until(lambda: not (engine.status().n_busy or engine.status().n_waiting), timeout)
+
+
+def busy_and_waiting(engine: Engine) -> tuple[int, int]:
+    status = engine.status()
+    return status.n_busy, status.n_waiting
 
 
 def test_batched_greedy_output_equals_output_alone(engine):
@@ -91,8 +97,7 @@ def test_two_system_prompts_keep_to_their_own_slots(engine):
 def test_more_requests_than_slots_wait_in_a_queue_and_all_finish(engine):
     requests = [engine.chat(chat(f"Count from {i} to {i + 5}."), max_tokens=24, temperature=0) for i in range(7)]
     # slots fill between steps (a slow step delays the next admissions): wait for it, don't guess how long
-    wait_until(lambda: engine.n_busy == 4 and engine.n_waiting == 3, timeout=10)
-    assert engine.n_busy == 4 and engine.n_waiting == 3
+    wait_until(lambda: busy_and_waiting(engine) == (4, 3), timeout=10)
     texts = [r.result() for r in requests]
     assert all(texts) and all(r.finish_reason in ("stop", "length") for r in requests)
     # first come, first served: the three that waited started after the first four
@@ -104,7 +109,7 @@ def test_cancel_frees_the_slot_within_a_second(engine):
     r = engine.complete("Once upon a time", max_tokens=-1, temperature=0.8, seed=3, ignore_eos=True)
     pieces = iter(r)
     next(pieces)
-    assert engine.n_busy == 1
+    assert engine.status().n_busy == 1
     t0 = time.monotonic()
     pieces.close()  # the consumer goes away
     wait_idle(engine, timeout=1.0)
@@ -115,7 +120,7 @@ def test_cancel_frees_the_slot_within_a_second(engine):
 def test_cancel_while_waiting_in_the_queue(engine):
     blockers = [engine.complete("Tell me a story", max_tokens=64, temperature=0, ignore_eos=True) for _ in range(4)]
     queued = engine.complete("Never runs", max_tokens=8)
-    wait_until(lambda: engine.n_busy == 4, timeout=30)
+    wait_until(lambda: engine.status().n_busy == 4, timeout=30)
     assert queued.status.value == "waiting"
     queued.cancel()
     wait_until(lambda: queued.done, timeout=10)
@@ -132,12 +137,12 @@ def test_prompt_longer_than_the_slot_is_refused(engine):
         engine.submit(long_prompt)
     assert info.value.n_prompt_tokens == len(long_prompt) and info.value.n_ctx == engine.n_ctx_slot == 1024
     assert "exceeds the available context size" in str(info.value)
-    assert engine.n_busy == 0 and engine.n_waiting == 0
+    assert busy_and_waiting(engine) == (0, 0)
 
 
 def test_generation_stops_with_length_at_the_end_of_the_slot(engine):
     prompt = engine.model.tokenize("word " * 990)
-    r = engine.submit(prompt, SamplingParams(temperature=0, ignore_eos=True))
+    r = engine.submit(prompt, RequestParams.of(temperature=0, ignore_eos=True))
     r.result()
     assert r.finish_reason == "length"
     assert len(prompt) + len(r.output) == engine.n_ctx_slot + 1  # the last token is sampled, never decoded
@@ -173,20 +178,20 @@ def test_a_failing_request_fails_alone(engine, monkeypatch):
 
     monkeypatch.setattr(engine, "_logprobs", explode)
     good = [engine.chat(chat(q), max_tokens=24, temperature=0) for q in QUESTIONS[:3]]
-    bad = engine.submit(engine.model.tokenize_chat(chat("Hi")), SamplingParams(temperature=0), n_probs=7)
+    bad = engine.submit(engine.model.tokenize_chat(chat("Hi")), RequestParams.of(temperature=0, n_probs=7))
     with pytest.raises(EngineError, match="boom in the sampler"):
         bad.result()
     assert all(r.result() for r in good)
     assert all(r.error is None for r in good)
     # a grammar that does not parse fails at slot start, alone too
-    broken = engine.submit(engine.model.tokenize("x"), SamplingParams(grammar="root ::= (((("))
+    broken = engine.submit(engine.model.tokenize("x"), RequestParams.of(grammar="root ::= (((("))
     with pytest.raises(ValueError, match="grammar"):
         broken.result()
     wait_idle(engine)
 
 
 def test_logprobs_are_reported_when_asked(engine):
-    r = engine.submit(engine.model.tokenize("The capital of France is"), SamplingParams(temperature=0, max_tokens=3), n_probs=3)
+    r = engine.submit(engine.model.tokenize("The capital of France is"), RequestParams.of(temperature=0, max_tokens=3, n_probs=3))
     pieces = list(r)
     lps = [lp for p in pieces for lp in p.logprobs]
     assert len(lps) == len(r.output) == 3
@@ -209,11 +214,11 @@ def test_async_iteration(engine):
 
 
 def test_timings_and_counters_add_up(engine):
-    before = engine.counters.snapshot()
+    before = engine.status().counters.snapshot()
     requests = [engine.chat(chat(q), max_tokens=10, temperature=0) for q in QUESTIONS[:3]]
     for r in requests:
         r.result()
-    after = engine.counters.snapshot()
+    after = engine.status().counters.snapshot()
     assert after["tokens_predicted_total"] - before["tokens_predicted_total"] == sum(r.timings.predicted_n for r in requests)
     assert after["prompt_tokens_total"] - before["prompt_tokens_total"] == sum(r.timings.prompt_n for r in requests)
     assert after["prompt_tokens_cached_total"] - before["prompt_tokens_cached_total"] == sum(r.timings.cache_n for r in requests)
@@ -244,8 +249,8 @@ def test_submit_validation(engine):
     with pytest.raises(ValueError, match="empty"):
         engine.submit([])
     with pytest.raises(ValueError, match="id_slot"):
-        engine.submit([1, 2], id_slot=9)
-    r = engine.submit(engine.model.tokenize("Hi"), SamplingParams(max_tokens=2), id_slot=2)
+        engine.submit([1, 2], RequestParams(id_slot=9))
+    r = engine.submit(engine.model.tokenize("Hi"), RequestParams(max_tokens=2, id_slot=2))
     r.result()
     assert r.slot_id == 2
 
@@ -256,7 +261,7 @@ def test_request_objects_stand_alone():
 
 
 def test_an_async_reader_is_woken_by_wake_not_by_each_emit():
-    """The engine emits every slot's piece, then wakes the readers once (see Engine.step): a reader's
+    """The engine emits every slot's piece, then wakes the readers once (see Engine.update_slots): a reader's
     event loop must not run between two slots' samplers."""
     request = Request([1, 2, 3])
 
@@ -276,8 +281,90 @@ def test_an_async_reader_is_woken_by_wake_not_by_each_emit():
         await asyncio.to_thread(request.wake)
         await asyncio.sleep(0.1)
         seen.append(list(read))
-        await asyncio.to_thread(request.finish, "stop")  # the end wakes it at once
+        await asyncio.to_thread(request.finish, End.EOS)  # the end wakes it at once
         await asyncio.wait_for(task, 5)
         return seen
 
     assert asyncio.run(main()) == [[], ["a", "b"]]
+
+
+# --- stepping by hand, plan then commit, the loop's guard ---------------------------------------
+
+
+@pytest.fixture
+def by_hand(model):
+    """An engine with no thread: the test runs its steps. 1 slot, 128 tokens per decode."""
+    with Engine(model, EngineConfig(n_parallel=1, n_ctx=1024, n_batch=128, n_threads=1), start=False) as e:
+        yield e
+
+
+def run(engine: Engine, request: Request) -> list:
+    steps = []
+    while not request.done:
+        steps.append(engine.step())
+    return steps
+
+
+def test_an_engine_stepped_by_hand_shows_each_batch(by_hand):
+    r = by_hand.complete("word " * 200, max_tokens=3, temperature=0, ignore_eos=True)
+    assert by_hand.status().n_waiting == 1 and r.status.value == "waiting"
+    steps = run(by_hand, r)
+    shares = [(s.batch[0].n_tokens, s.batch[0].is_prompt, s.batch[0].sampled) for s in steps]
+    n = len(r.prompt)
+    assert shares == [(128, True, False), (n - 128, True, True), (1, False, True), (1, False, True)]
+    assert by_hand.slots[0].cache_tokens == r.prompt + r.output[:2]  # the last token is sampled, never decoded
+    assert by_hand.step() is None  # nothing to do
+
+
+def test_step_is_refused_while_the_thread_runs_the_loop(model):
+    with Engine(model, EngineConfig(n_parallel=1, n_ctx=256, n_threads=1)) as running, pytest.raises(RuntimeError, match="start=False"):
+        running.step()
+
+
+def test_cache_tokens_are_exactly_the_kv_cache_whenever_llama_decode_runs(by_hand, monkeypatch):
+    real, seen = by_hand.ctx.decode, []
+
+    def decode(batch):
+        seen.append(all(by_hand.ctx.seq_pos_max(s.id) == len(s.cache_tokens) - 1 for s in by_hand.slots))
+        real(batch)
+
+    monkeypatch.setattr(by_hand.ctx, "decode", decode)
+    run(by_hand, by_hand.complete("word " * 200, max_tokens=3, temperature=0, ignore_eos=True))
+    assert seen == [True] * 4
+
+
+def test_a_failed_decode_leaves_what_earlier_steps_committed(by_hand, monkeypatch):
+    real, calls = by_hand.ctx.decode, []
+
+    def decode(batch):  # the second decode writes its cells, then fails
+        calls.append(batch.n_tokens)
+        real(batch)
+        if len(calls) == 2:
+            raise DecodeError("llama_decode failed with code -3")
+
+    monkeypatch.setattr(by_hand.ctx, "decode", decode)
+    r = by_hand.complete("word " * 200, max_tokens=3, temperature=0)
+    run(by_hand, r)
+    assert isinstance(r.error, EngineError) and "code -3" in str(r.error)
+    slot = by_hand.slots[0]
+    assert slot.cache_tokens == r.prompt[:128] and by_hand.ctx.seq_pos_max(0) == 127  # the first chunk, and only it
+    again = by_hand.complete("word " * 200, max_tokens=3, temperature=0)
+    run(by_hand, again)
+    assert again.error is None and again.timings.cache_n == 128  # and it is reused
+
+
+def test_a_prompt_cache_that_raises_fails_the_request_it_concerns_and_the_loop_goes_on(model, monkeypatch, caplog):
+    def save(self, ctx, seq_id, tokens):
+        raise OSError("no memory for the copy")
+
+    with Engine(model, EngineConfig(n_parallel=1, n_ctx=512, n_threads=1)) as engine:
+        engine.complete("The first prompt", max_tokens=2).result()
+        monkeypatch.setattr(PromptCache, "save", save)
+        swapped = engine.complete("Another prompt, which the slot's cache does not serve", max_tokens=2)
+        wait_until(lambda: swapped.done, timeout=30)
+        assert isinstance(swapped.error, OSError)
+        monkeypatch.undo()
+        third = engine.complete("A third prompt", max_tokens=2)
+        wait_until(lambda: third.done, timeout=30)  # (the old engine's thread had died saving the idle slot: this waited forever)
+        assert third.error is None and third.output
+    assert "no memory for the copy" in caplog.text

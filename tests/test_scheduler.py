@@ -4,76 +4,86 @@ The same mechanisms run on the real model in test_engine.py and test_caching.py.
 
 from __future__ import annotations
 
-import pytest
-
+from llmkit.engine.job import Job
 from llmkit.engine.prompt_cache import MIB, PromptCache
-from llmkit.engine.request import Request, Status
-from llmkit.engine.scheduler import build_batch, choose_slot, swaps_prompt
+from llmkit.engine.request import Request, RequestParams, Status
+from llmkit.engine.scheduler import Chunk, build_batch, choose_slot, swaps_prompt
 from llmkit.engine.slot import Slot, common_prefix
-from llmkit.llama import Batch
+from llmkit.text import Detokenizer, StopMatcher
+
+CAPACITY = 512  # the batch's (llama-server's n_batch)
+
+
+def busy(slot: Slot, request: Request, status: Status, n_prompt_done: int = 0) -> Slot:
+    request.status = status
+    slot.job = Job(request, slot, None, Detokenizer(bytes), StopMatcher(), n_prompt_done)  # type: ignore[arg-type]  # no sampler: nothing samples here
+    return slot
 
 
 def generating(slot_id: int, n_cached: int = 5) -> Slot:
-    slot = Slot(slot_id, 4096)
-    slot.request = Request(list(range(n_cached)))
-    slot.request.status = Status.GENERATING
+    slot = busy(Slot(slot_id, 4096), Request(list(range(n_cached))), Status.GENERATING, n_cached)
     slot.cache_tokens = list(range(n_cached))
-    slot.last_token = 7
+    slot.job.last_token = 7
     return slot
 
 
 def reading(slot_id: int, n_prompt: int) -> Slot:
-    slot = Slot(slot_id, 4096)
-    slot.request = Request(list(range(100, 100 + n_prompt)))
-    slot.request.status = Status.PROMPT
-    return slot
+    return busy(Slot(slot_id, 4096), Request(list(range(100, 100 + n_prompt))), Status.PROMPT)
 
 
-@pytest.fixture
-def batch():
-    b = Batch(512)
-    yield b
-    b.close()
+def commit(plan: list[Chunk]) -> None:
+    """What Engine.commit does after a successful decode."""
+    for chunk in plan:
+        chunk.job.slot.cache_tokens.extend(chunk.tokens)
+        chunk.job.n_prompt_done += len(chunk.tokens) if chunk.is_prompt else 0
 
 
-def test_running_streams_first_then_prompt_chunks_up_to_the_budget(batch):
+def test_running_streams_first_then_prompt_chunks_up_to_the_budget():
     streams = [generating(0), generating(1)]
     late = reading(2, 300)
-    used = build_batch([*streams, late], batch, budget=64)
-    assert used == [*streams, late]
-    assert batch.n_tokens == 64  # 2 stream tokens + a 62-token chunk of the prompt
-    assert late.n_prompt_done == 62 and late.i_batch == -1  # not the prompt's end: no logits, nothing to sample
-    assert [s.i_batch for s in streams] == [0, 1]  # each stream still gets its token this step
+    plan = build_batch([*streams, late], CAPACITY, budget=64)
+    assert [c.job.slot for c in plan] == [*streams, late]
+    assert sum(len(c.tokens) for c in plan) == 64  # 2 stream tokens + a 62-token chunk of the prompt
+    assert plan[2].tokens == late.job.request.prompt[:62] and plan[2].i_logits == -1  # not the prompt's end: nothing to sample
+    assert [(c.tokens, c.pos, c.i_logits) for c in plan[:2]] == [([7], 5, 0), ([7], 5, 1)]  # each stream gets its token
 
 
-def test_a_long_prompt_is_read_over_several_steps_and_asks_for_logits_at_its_end(batch):
+def test_the_plan_changes_nothing():
+    stream, late = generating(0), reading(1, 150)
+    before = [(s.cache_tokens.copy(), s.job.n_prompt_done, s.job.last_token) for s in (stream, late)]
+    build_batch([stream, late], CAPACITY, budget=64)
+    assert [(s.cache_tokens, s.job.n_prompt_done, s.job.last_token) for s in (stream, late)] == before
+
+
+def test_a_long_prompt_is_read_over_several_steps_and_asks_for_logits_at_its_end():
     stream, late = generating(0), reading(1, 150)
     steps = []
-    while late.n_prompt_done < 150:
-        build_batch([stream, late], batch, budget=64)
-        steps.append(batch.n_tokens - 1)  # prompt tokens beside the stream's one
+    while late.job.n_prompt_done < 150:
+        plan = build_batch([stream, late], CAPACITY, budget=64)
+        steps.append(len(plan[1].tokens))  # prompt tokens beside the stream's one
+        commit(plan)
     assert steps == [63, 63, 24]
-    assert late.i_batch == 24  # the last token of the last chunk holds the logits to sample from
-    assert late.cache_tokens == late.request.prompt
+    assert plan[1].i_logits == 24  # the last token of the last chunk holds the logits to sample from
+    assert late.cache_tokens == late.job.request.prompt
 
 
-def test_oldest_request_first_whatever_the_slot_order(batch):
+def test_oldest_request_first_whatever_the_slot_order():
     first = reading(3, 100)  # submitted first, sits in the last slot
     second = reading(0, 100)
-    build_batch([generating(1), second, first], batch, budget=121)
-    assert first.n_prompt_done == 100 and second.n_prompt_done == 20
+    plan = build_batch([generating(1), second, first], CAPACITY, budget=121)
+    assert [(c.job.slot.id, len(c.tokens)) for c in plan] == [(1, 1), (3, 100), (0, 20)]
 
 
-def test_with_no_running_stream_the_budget_does_not_split_prompts(batch):
+def test_with_no_running_stream_the_budget_does_not_split_prompts():
     alone, next_one = reading(0, 300), reading(1, 300)
-    build_batch([alone, next_one], batch, budget=64)  # nobody waits on this step: fill the batch
-    assert alone.n_prompt_done == 300 and next_one.n_prompt_done == 212 and batch.n_tokens == batch.capacity
+    plan = build_batch([alone, next_one], CAPACITY, budget=64)  # nobody waits on this step: fill the batch
+    assert [len(c.tokens) for c in plan] == [300, 212] and sum(len(c.tokens) for c in plan) == CAPACITY
 
 
-def test_no_budget_fills_the_batch_as_llama_server_does(batch):
+def test_no_budget_fills_the_batch_as_llama_server_does():
     stream, late = generating(0), reading(1, 2000)
-    build_batch([stream, late], batch, budget=0)
-    assert batch.n_tokens == batch.capacity == 512 and late.n_prompt_done == 511
+    plan = build_batch([stream, late], CAPACITY, budget=0)
+    assert sum(len(c.tokens) for c in plan) == CAPACITY and len(plan[1].tokens) == 511
 
 
 # --- choose_slot and swaps_prompt (get_available_slot) ---------------------------------------
@@ -103,19 +113,18 @@ def test_the_longest_prefix_wins_when_it_covers_more_than_a_tenth_else_the_least
 
 
 def test_busy_slots_are_never_chosen_and_id_slot_waits_for_its_slot():
-    slots = [idle(0, PROMPT), idle(1, [])]
-    slots[0].request = Request([1])
+    slots = [busy(idle(0, PROMPT), Request([1]), Status.PROMPT), idle(1, [])]
     assert choose_slot(slots, Request(PROMPT)) is slots[1]
-    assert choose_slot(slots, Request(PROMPT, id_slot=0)) is None
-    slots[1].request = Request([1])
+    assert choose_slot(slots, Request(PROMPT, RequestParams(id_slot=0))) is None
+    busy(slots[1], Request([1]), Status.PROMPT)
     assert choose_slot(slots, Request(PROMPT)) is None
 
 
 def test_which_choices_go_through_the_prompt_cache():
     lru = idle(0, list(range(500, 600)))
     assert swaps_prompt(lru, Request(PROMPT))  # chosen as least recently used: its prompt is not this one
-    assert not swaps_prompt(lru, Request(PROMPT, id_slot=0))  # named by id_slot, no similarity: kept as it is
-    assert not swaps_prompt(lru, Request(PROMPT, cache_prompt=False))
+    assert not swaps_prompt(lru, Request(PROMPT, RequestParams(id_slot=0)))  # named by id_slot, no similarity: kept as it is
+    assert not swaps_prompt(lru, Request(PROMPT, RequestParams(cache_prompt=False)))
     keeps_most = idle(0, PROMPT[:80] + [7] * 20)  # similar, and keeps 80 % of what it holds
     assert not swaps_prompt(keeps_most, Request(PROMPT))
     loses_most = idle(0, PROMPT[:20] + [7] * 80)  # similar (20 %), but would keep only 20 % of what it holds

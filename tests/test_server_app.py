@@ -20,8 +20,7 @@ import pytest
 import uvicorn
 
 from llmkit import launch
-from llmkit.engine import EngineError, Piece, Request
-from llmkit.engine.engine import Counters
+from llmkit.engine import Counters, End, EngineConfig, EngineError, EngineStatus, Piece, Request, SlotStatus
 from llmkit.server import Settings, create_app
 from llmkit.server.state import ServingEngine
 
@@ -51,18 +50,18 @@ class FakeModel:
 class FakeEngine:
     """``submit`` runs ``script(request)`` at once: the request's events are queued before anyone reads."""
 
-    def __init__(self, script: Callable[[Request], None] = lambda r: r.finish("stop")):
+    def __init__(self, script: Callable[[Request], None] = lambda r: r.finish(End.EOS)):
         self.model = FakeModel()
-        self.slots, self.n_ctx_slot, self.step_tokens = [], 64, 0
-        self.kv_unified, self.prompt_cache, self.cache_reuse, self.context_shift = False, None, 0, False
-        self.counters, self.n_busy, self.n_waiting = Counters(), 0, 0
         self.script = script
         self.closed = False
 
-    def submit(self, prompt, params, **_: object) -> Request:
+    def submit(self, prompt, params=None) -> Request:
         request = Request(prompt, params)
         self.script(request)
         return request
+
+    def status(self) -> EngineStatus:
+        return EngineStatus(EngineConfig(n_parallel=1, n_ctx=64).resolved(), (SlotStatus(0, 64, 0, 0, None),), 0, Counters(), None)
 
     def close(self) -> None:
         self.closed = True
@@ -172,7 +171,7 @@ def test_a_stream_with_no_text_still_has_every_frame():
 @pytest.mark.parametrize("body", [{"prompt": "a b c"}, {"prompt": [5, 6]}, {"prompt": ["a b"]}, {"prompt": [[5, 6]]}])
 def test_completion_prompt_forms(body):
     seen = []
-    engine = FakeEngine(lambda r: (seen.append(r.prompt), r.finish("stop")))
+    engine = FakeEngine(lambda r: (seen.append(r.prompt), r.finish(End.EOS)))
     with launch.serve_app(create_app(engine, Settings(alias="fake"))) as url:
         r = httpx.post(url + "/v1/completions", json=body)
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == ""
@@ -222,7 +221,7 @@ def test_a_client_that_leaves_a_whole_answer_cancels_its_request(path):
     started = []
 
     def never_ends(r: Request) -> None:  # as the engine does on cancel: end it
-        r.on_cancel = lambda: r.finish("cancelled")
+        r.on_cancel = lambda: r.finish(End.CANCELLED)
         started.append(r)
 
     with launch.serve_app(create_app(FakeEngine(never_ends), Settings(alias="fake"))) as url:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-from llmkit.engine import Piece, Request
+from llmkit.engine import End, Piece, Request, RequestParams
 from llmkit.engine.request import TokenLogprob
-from llmkit.llama import SamplingParams
 from llmkit.server.sse import DONE, Formatter, NativeFormatter, event, named_event
 from llmkit.server.tools import TextParser
 
@@ -20,9 +19,9 @@ def text(pieces: list[Piece]) -> TextParser:
     return answer
 
 
-def finished(output: list[int], reason: str = "stop") -> Request:
-    request = Request([7, 8, 9], SamplingParams(temperature=0, max_tokens=16))
-    request.output, request.finish_reason, request.slot_id = output, reason, 0
+def finished(output: list[int], end: End = End.EOS) -> Request:
+    request = Request([7, 8, 9], RequestParams.of(temperature=0, max_tokens=16))
+    request.output, request.end, request.slot_id = output, end, 0
     request.timings.cache_n = 2
     return request
 
@@ -52,7 +51,7 @@ def test_a_chat_stream_opens_with_the_role_and_closes_with_the_reason_then_usage
 
 
 def test_without_usage_the_timings_ride_on_the_reason_chunk():
-    (reason,) = Formatter(True, "m", "fp").closing(finished([1], "length"), TextParser(), include_usage=False)
+    (reason,) = Formatter(True, "m", "fp").closing(finished([1], End.LIMIT), TextParser(), include_usage=False)
     assert reason["choices"][0]["finish_reason"] == "length" and "timings" in reason and "usage" not in reason
 
 
@@ -134,7 +133,7 @@ def test_a_responses_stream_opens_items_and_parts_in_openais_order():
     assert done["usage"]["input_tokens_details"]["cached_tokens"] == 2 and done["status"] == "completed" and done["tools"] == []
     assert events[0]["response"]["status"] == "in_progress" and events[0]["response"]["output"] == []
     # cut by the budget: incomplete, and the whole answer says the same
-    cut = finished([1, 2], "length")
+    cut = finished([1, 2], End.LIMIT)
     body = ResponsesFormatter("m", {}).response(cut, [], text([Piece("Hi", [1])]))
     assert (body["status"], body["incomplete_details"], body["output"][0]["status"]) == (
         "incomplete",
@@ -162,7 +161,7 @@ def test_a_messages_stream_numbers_its_blocks_and_ends_with_the_stop_reason():
     assert json.loads(tool_json) == {"a": 1} and blocks[1]["content_block"]["id"].startswith("toolu_")
     assert events[-2]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None} and events[-2]["usage"] == {"output_tokens": 3}
     # whole: the same blocks; a stop string is the stop_sequence
-    request.stop_type, request.stopping_word = "word", "END"
+    request.end, request.stopping_word = End.WORD, "END"
     body = MessagesFormatter("m").response(request, [], text([Piece("Hi", [1])]))
     assert body["content"] == [{"type": "text", "text": "Hi"}] and (body["stop_reason"], body["stop_sequence"]) == ("stop_sequence", "END")
     assert named_event({"type": "ping"}) == 'event: ping\ndata: {"type":"ping"}\n\n'

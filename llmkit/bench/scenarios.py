@@ -390,18 +390,18 @@ def greedy_drift(cfg: Config) -> dict:
     ``batch_schedules`` counts the distinct step sequences (prompt and generated tokens per step)
     among the batched runs: how many different batch shapes the runs went through.
     """
-    from llmkit.engine import Engine
-    from llmkit.llama import SamplingParams
+    from llmkit.engine import Engine, EngineConfig, RequestParams
 
     t0 = time.perf_counter()
-    params = SamplingParams(temperature=0, max_tokens=cfg.greedy_tokens)
-    engine = Engine(cfg.model, n_parallel=GREEDY_SLOTS, n_ctx=GREEDY_SLOTS * cfg.ctx_per_slot, n_threads=cfg.threads, cache_ram_mib=0)
+    params = RequestParams.of(temperature=0, max_tokens=cfg.greedy_tokens, cache_prompt=False)
+    config = EngineConfig(n_parallel=GREEDY_SLOTS, n_ctx=GREEDY_SLOTS * cfg.ctx_per_slot, n_threads=cfg.threads, cache_ram_mib=0)
+    engine = Engine(cfg.model, config)
     starts: list[float] = []  # when each batched run was submitted: its steps are the ones recorded from then until the next
     with engine:
         prompts = [engine.model.tokenize_chat([{"role": "user", "content": QUESTION + review}]) for review in REVIEWS]
 
         def answer(batch: list[list[int]]) -> list[str]:
-            requests = [engine.submit(p, params, cache_prompt=False) for p in batch]  # tokenized already: submitted together
+            requests = [engine.submit(p, params) for p in batch]  # tokenized already: submitted together
             return [r.result() for r in requests]
 
         alone = [answer([p])[0] for p in prompts]

@@ -1,23 +1,29 @@
 """The slot engine: one thread, one ``llama_decode`` per step, many requests at once.
 
-    engine = Engine()                                  # default model, 4 slots
+    engine = Engine()                                  # default model, EngineConfig(): 4 slots
     a = engine.chat([{"role": "user", "content": "Hi"}], max_tokens=32)
     b = engine.complete("The capital of France is", max_tokens=8, temperature=0)
     for piece in a: print(piece.text, end="")          # or: async for piece in a
-    b.result(), b.timings, engine.counters
+    b.result(), b.timings, engine.status()
+
+    engine = Engine(start=False)                       # no thread: step it by hand and look between steps
+    r = engine.complete("Once upon a time", max_tokens=4)
+    while not r.done: print(engine.step())             # a StepRecord: what the batch held
 
 Read it in the order llama-server runs (``llmkit.upstream.MAP`` pairs each
 method with its C++ and says what differs):
 
-- ``loop`` ~ ``server_queue::start_loop``: wait for work, admit, step, again;
+- ``loop`` ~ ``server_queue::start_loop``: wait for work, ``step``, again;
+  ``step`` is one turn: ``admit``, then ``update_slots``;
 - ``admit`` ~ ``process_single_task``: waiting requests into idle slots
   (``scheduler.choose_slot`` ~ ``get_available_slot``, ``swap_prompt`` ~ its
-  prompt-cache update, ``Slot.start`` ~ ``launch_slot_with_task``);
-- ``step`` ~ ``update_slots``: build ONE batch from every busy slot
-  (``scheduler.build_batch`` ~ the batch building of ``pre_decode``), decode
-  it, then for each slot that asked for logits ``sample`` (~ ``post_decode``)
-  and ``process_token`` (~ ``process_token``), which ``deliver``s text or
-  ``finish``es the request; then it ``wake``s the readers of what it delivered.
+  prompt-cache update, ``Slot.start`` ~ ``launch_slot_with_task``: a ``Job``);
+- ``update_slots`` ~ ``update_slots``: plan ONE batch from every job
+  (``scheduler.build_batch`` ~ the batch building of ``pre_decode``), ``decode``
+  it, ``commit`` it to the slots, then for each job that asked for logits
+  ``sample`` (~ ``post_decode``) and ``process_token`` (~ ``process_token``),
+  which ``deliver``s text or ``finish``es the request (``fail`` when it
+  cannot go on); then it ``wake``s the readers of what it delivered.
 
 Requests join and leave between steps: that is continuous batching.
 """
@@ -28,188 +34,86 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import replace
 from os import PathLike
 
 import numpy as np
 
 from llmkit import models
+from llmkit.engine.config import EngineConfig
+from llmkit.engine.job import Job
 from llmkit.engine.prompt_cache import PromptCache
-from llmkit.engine.request import (
-    ContextSizeError,
-    EngineError,
-    Request,
-    Status,
-    Timings,
-    TokenLogprob,
-)
-from llmkit.engine.scheduler import build_batch, choose_slot, swaps_prompt
+from llmkit.engine.request import ContextSizeError, End, EngineError, Request, RequestParams, Status, TokenLogprob
+from llmkit.engine.scheduler import Chunk, build_batch, choose_slot, swaps_prompt
 from llmkit.engine.slot import Slot
-from llmkit.llama import Batch, Context, DecodeError, KVCacheFullError, Model, SamplingParams
+from llmkit.engine.status import Counters, EngineStatus, Share, SlotStatus, StepRecord
+from llmkit.llama import Batch, Context, DecodeError, KVCacheFullError, Model
 
 log = logging.getLogger("llmkit.engine")
 
-# Tokens per step, by default (chosen by measurement on 2 CPU cores: see README, "Stall-free batching"):
-# a step that reads a prompt chunk costs about as much as its tokens, so this bounds the pause that a burst
-# of long prompts puts between two tokens of a running stream.
-DEFAULT_STEP_TOKENS = 128
-AUTO_PARALLEL = 4  # slots of n_parallel=-1 (auto), as llama-server's -np -1
-SUBMIT_OPTIONS = ("cache_prompt", "id_slot", "n_probs", "n_keep", "n_cache_reuse")  # submit's, not the sampler's
-
-
-@dataclass
-class Counters:
-    """Engine-wide totals since start (what ``/metrics`` exposes, llama-server's names)."""
-
-    prompt_tokens_total: int = 0  # prompt tokens evaluated (cache hits not included)
-    prompt_seconds_total: float = 0.0
-    prompt_tokens_cached_total: int = 0
-    tokens_predicted_total: int = 0
-    tokens_predicted_seconds_total: float = 0.0
-    n_decode_total: int = 0
-    n_busy_slots_total: int = 0  # summed over decodes: / n_decode_total = busy slots per decode
-    n_tokens_decoded_total: int = 0  # batch sizes summed over decodes
-    batch_prompt_tokens_total: int = 0  # of which prompt tokens ...
-    batch_generated_tokens_total: int = 0  # ... and tokens sampled the step before (one per generating slot)
-    decode_seconds_total: float = 0.0  # time inside llama_decode
-    step_seconds_total: float = 0.0  # whole steps: decode + Python bookkeeping
-    requests_finished_total: int = 0
-    requests_failed_total: int = 0
-
-    def snapshot(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def record_finish(self, t: Timings, *, ok: bool) -> None:
-        """A request left its slot: add its timings (llama-server: metrics_on_prediction)."""
-        self.prompt_tokens_total += t.prompt_n
-        self.prompt_seconds_total += t.prompt_ms / 1e3
-        self.prompt_tokens_cached_total += t.cache_n
-        self.tokens_predicted_total += t.predicted_n
-        self.tokens_predicted_seconds_total += t.predicted_ms / 1e3
-        self.requests_finished_total += ok
-
-    def record_failure(self) -> None:
-        self.requests_failed_total += 1
-
-    def record_step(self, step: StepRecord) -> None:
-        self.n_decode_total += 1
-        self.n_busy_slots_total += step.n_slots
-        self.n_tokens_decoded_total += step.n_prompt + step.n_generated
-        self.batch_prompt_tokens_total += step.n_prompt
-        self.batch_generated_tokens_total += step.n_generated
-        self.decode_seconds_total += step.decode_seconds
-        self.step_seconds_total += step.seconds
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One engine step: when, how long, and what its batch held (``Engine.steps`` keeps the last ones)."""
-
-    t: float  # time.perf_counter() at the start of the step
-    seconds: float  # the whole step
-    decode_seconds: float  # of which inside llama_decode
-    n_prompt: int  # prompt tokens in the batch
-    n_generated: int  # tokens of generating slots in the batch
-    n_slots: int  # slots with a token in the batch
-
 
 class Engine:
-    """Continuous batching over ``n_parallel`` slots of one llama_context.
+    """Continuous batching over the slots of one llama_context, as ``config`` sets them (``EngineConfig``).
 
-    ``n_ctx`` is the TOTAL context, as llama-server's ``-c``. As llama-server,
-    ``n_parallel=-1`` (auto) means 4 slots on a unified KV cache: each slot may
-    use all of ``n_ctx``, and idle slots are cleared when it runs out. An explicit
-    ``n_parallel`` gives each slot ``n_ctx // n_parallel`` tokens in its own KV
-    stream (``kv_unified=False``). (Greedy outputs alone and batched: the same in
-    the concurrency chapter's measurement, but where two tokens are nearly tied
-    the batch's shape can still tip the choice: see the README.)
-
-    ``step_tokens`` is the token budget of one step (``scheduler.build_batch``):
-    running streams first, then prompt chunks. 0 puts up to ``n_batch`` prompt
-    tokens in a step, as llama-server does, and running streams wait for it.
-
-    The KV cache, as llama-server (the caching chapter shows each):
-    ``cache_ram_mib`` bounds the host-RAM prompt cache (``--cache-ram``; 0: off,
-    -1: no limit in bytes); ``cache_idle_slots`` copies idle slots to it when a
-    request starts; ``cache_reuse`` > 0 moves cached chunks of at least that many
-    tokens into place (``--cache-reuse``); ``context_shift`` lets a generation go
-    past a full slot by dropping tokens after ``n_keep`` (``--context-shift``).
+    ``start=False``: no thread; the caller runs the loop's turns with ``step()`` and can
+    look at everything between two of them (``start()`` hands the loop to a thread later).
+    (Greedy outputs alone and batched: the same in the concurrency chapter's measurement,
+    but where two tokens are nearly tied the batch's shape can still tip the choice: see
+    the README.)
     """
 
-    def __init__(
-        self,
-        model: Model | str | PathLike[str] | None = None,
-        *,
-        n_parallel: int = -1,
-        n_ctx: int = 8192,
-        n_batch: int = 2048,
-        n_threads: int | None = None,
-        kv_unified: bool | None = None,
-        step_tokens: int = DEFAULT_STEP_TOKENS,
-        cache_ram_mib: int = 8192,
-        cache_idle_slots: bool = True,
-        cache_reuse: int = 0,
-        context_shift: bool = False,
-    ):
-        if n_parallel == 0 or n_parallel < -1:
-            raise ValueError(f"n_parallel must be -1 (auto) or at least 1, not {n_parallel}")
-        if kv_unified is None:
-            kv_unified = n_parallel == -1  # llama-server: auto is 4 slots on a unified KV cache
-        n_parallel = AUTO_PARALLEL if n_parallel == -1 else n_parallel
-        if step_tokens and step_tokens < 2 * n_parallel:  # room for every running stream and a prompt chunk
-            raise ValueError(f"step_tokens must be 0 (no budget) or at least 2 x n_parallel = {2 * n_parallel}, not {step_tokens}")
-        self.step_tokens = step_tokens
+    def __init__(self, model: Model | str | PathLike[str] | None = None, config: EngineConfig | None = None, *, start: bool = True):
+        config = (config or EngineConfig()).resolved()
         self._owns_model = not isinstance(model, Model)
         self.model = model if isinstance(model, Model) else Model(models.resolve_model(model))
         try:
-            self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_parallel, n_threads=n_threads, kv_unified=kv_unified)
+            self.ctx = Context(
+                self.model, n_ctx=config.n_ctx, n_batch=config.n_batch, n_seq_max=config.n_parallel,
+                n_threads=config.n_threads, kv_unified=bool(config.kv_unified),
+            )  # fmt: skip
         except BaseException:
             self._close_model()
             raise
-        self.kv_unified = kv_unified
-        self.n_ctx_slot = self.ctx.n_ctx_seq
-        self.prompt_cache = PromptCache(cache_ram_mib, self.ctx.n_ctx) if cache_ram_mib != 0 else None
-        self.cache_idle_slots = cache_idle_slots and self.prompt_cache is not None
-        self.cache_reuse = cache_reuse if self.ctx.can_shift else 0  # llama-server turns both off when cells cannot move
-        self.context_shift = context_shift and self.ctx.can_shift
-        self.slots = [Slot(i, self.n_ctx_slot) for i in range(n_parallel)]
+        # llama-server turns both off when cells cannot move
+        self.config = replace(
+            config, cache_reuse=config.cache_reuse * self.ctx.can_shift, context_shift=config.context_shift and self.ctx.can_shift
+        )
+        self.prompt_cache = PromptCache(config.cache_ram_mib, self.ctx.n_ctx) if config.cache_ram_mib != 0 else None
+        self.slots = [Slot(i, self.ctx.n_ctx_seq) for i in range(config.n_parallel)]
         self.batch = Batch(self.ctx.n_batch)
         self.waiting: deque[Request] = deque()
         self.counters = Counters()
         self.steps: deque[StepRecord] = deque(maxlen=10_000)  # the last steps, for plots
         self._cond = threading.Condition()
         self._closing = False
-        self._thread = threading.Thread(target=self.loop, name="llmkit-engine", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if start:
+            self.start()
+
+    @property
+    def n_ctx_slot(self) -> int:
+        return self.ctx.n_ctx_seq
+
+    def start(self) -> None:
+        """Hand the loop to the engine's own thread."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self.loop, name="llmkit-engine", daemon=True)
+            self._thread.start()
 
     # --- submitting ----------------------------------------------------------
 
-    def submit(
-        self,
-        prompt: list[int],
-        params: SamplingParams | None = None,
-        *,
-        cache_prompt: bool = True,
-        id_slot: int | None = None,
-        n_probs: int = 0,
-        n_keep: int = 0,
-        n_cache_reuse: int | None = None,
-    ) -> Request:
-        """Queue a tokenized prompt; returns at once with a ``Request`` to iterate.
-
-        ``n_keep``: prompt tokens a context shift keeps (-1: all of them); ``n_cache_reuse``:
-        this request's ``cache_reuse`` (None: the engine's).
-        """
+    def submit(self, prompt: list[int], params: RequestParams | None = None) -> Request:
+        """Queue a tokenized prompt; returns at once with a ``Request`` to iterate."""
+        params = params or RequestParams()
         if not prompt:
             raise ValueError("the prompt is empty")
         if len(prompt) >= self.n_ctx_slot:
             raise ContextSizeError(len(prompt), self.n_ctx_slot)
-        if id_slot is not None and not 0 <= id_slot < len(self.slots):
+        if params.id_slot is not None and not 0 <= params.id_slot < len(self.slots):
             raise ValueError(f"id_slot must be between 0 and {len(self.slots) - 1}")
-        n_cache_reuse = self.cache_reuse if n_cache_reuse is None or not self.ctx.can_shift else n_cache_reuse
-        request = Request(
-            prompt, params, cache_prompt=cache_prompt, id_slot=id_slot, n_probs=n_probs, n_keep=n_keep, n_cache_reuse=n_cache_reuse
-        )
+        if params.n_cache_reuse is None or not self.ctx.can_shift:
+            params = replace(params, n_cache_reuse=self.config.cache_reuse)
+        request = Request(prompt, params)
         request.on_cancel = self._wake
         with self._cond:
             if self._closing:
@@ -218,27 +122,25 @@ class Engine:
             self._cond.notify()
         return request
 
-    def complete(self, text: str, **kwargs) -> Request:
-        """Plain-text completion. ``kwargs``: ``submit``'s options and ``SamplingParams`` fields (max_tokens, ...)."""
-        return self._submit_with(self.model.tokenize(text), kwargs)
+    def complete(self, text: str, **options) -> Request:
+        """Plain-text completion. ``options``: ``RequestParams.of``'s (max_tokens, temperature, cache_prompt, ...)."""
+        return self.submit(self.model.tokenize(text), RequestParams.of(**options))
 
-    def chat(self, messages: list[dict], **kwargs) -> Request:
-        """Chat completion: ``messages`` rendered with the model's own chat template; ``kwargs`` as ``complete``."""
-        return self._submit_with(self.model.tokenize_chat(messages), kwargs)
+    def chat(self, messages: list[dict], **options) -> Request:
+        """Chat completion: ``messages`` rendered with the model's own chat template; ``options`` as ``complete``."""
+        return self.submit(self.model.tokenize_chat(messages), RequestParams.of(**options))
 
-    def _submit_with(self, prompt: list[int], kwargs: dict) -> Request:
-        options = {k: kwargs.pop(k) for k in SUBMIT_OPTIONS if k in kwargs}
-        return self.submit(prompt, SamplingParams(**kwargs), **options)
+    # --- what it tells -----------------------------------------------------------
 
-    # --- state for /slots and /metrics ---------------------------------------
+    def status(self) -> EngineStatus:
+        """A frozen snapshot of the slots, the queue, the counters and the prompt cache.
 
-    @property
-    def n_busy(self) -> int:
-        return sum(not s.is_idle for s in self.slots)
-
-    @property
-    def n_waiting(self) -> int:
-        return len(self.waiting)
+        Between two steps it is exact. From another thread while the loop runs (the server's
+        routes), each slot's job is read once: one that ends meanwhile shows in the next snapshot.
+        """
+        cache = self.prompt_cache.to_dict() if self.prompt_cache is not None else None
+        slots = tuple(SlotStatus.of(slot) for slot in self.slots)
+        return EngineStatus(self.config, slots, len(self.waiting), self.counters.copy(), cache)
 
     # --- the loop ----------------------------------------------------------------
 
@@ -247,20 +149,31 @@ class Engine:
             self._cond.notify()
 
     def _has_work(self) -> bool:
-        return self._closing or self.n_busy > 0 or bool(self.waiting)
+        return self._closing or any(not s.is_idle for s in self.slots) or bool(self.waiting)
+
+    def _wait_for_work(self) -> bool:
+        with self._cond:
+            self._cond.wait_for(self._has_work)
+            return not self._closing
 
     def loop(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(self._has_work)
-                if self._closing:
-                    return
+        while self._wait_for_work():
+            self.step()
+
+    def step(self) -> StepRecord | None:
+        """One turn of the loop: waiting requests into idle slots, then one batch (None: nothing to decode).
+
+        An exception here is a bug: it is logged, the requests running fail, and the loop goes on.
+        """
+        if self._thread is not None and threading.current_thread() is not self._thread:
+            raise RuntimeError("the engine's thread runs its loop: to step by hand, create it with Engine(..., start=False)")
+        try:
             self.admit()
-            try:
-                self.step()
-            except Exception:  # a bug here must not kill the thread silently
-                log.exception("engine step failed")
-                self._fail_busy(EngineError("internal engine error (see the server log)"))
+            return self.update_slots()
+        except Exception:
+            log.exception("engine step failed")
+            self._fail_busy(EngineError("internal engine error (see the server log)"))
+            return None
 
     def admit(self) -> None:
         """Move queued requests into idle slots, first come first served (process_single_task)."""
@@ -269,7 +182,7 @@ class Engine:
             try:  # outside the lock: building a grammar sampler can take a while
                 self.swap_prompt(slot, request)
                 slot.start(request, self.ctx, self.model)
-            except Exception as exc:  # noqa: BLE001 -- a bad sampler (say, a grammar) fails this request alone
+            except Exception as exc:  # noqa: BLE001 -- a bad sampler (a grammar) or a failed prompt-cache copy fails this request alone
                 slot.release(self.ctx)
                 self._fail(request, exc)
             self.save_idle_slots()
@@ -284,14 +197,18 @@ class Engine:
 
     def save_idle_slots(self) -> None:
         """Copy every idle slot's prompt to RAM; on a unified KV cache, also free its cells for the
-        busy slots (llama-server: --cache-idle-slots, in process_single_task)."""
-        if not self.cache_idle_slots or self.prompt_cache is None:  # (no prompt cache: cache_idle_slots is off)
+        busy slots (llama-server: --cache-idle-slots, in process_single_task). A copy that fails
+        is logged and skipped: it concerns no request."""
+        if not self.config.cache_idle_slots or self.prompt_cache is None:
             return
         for slot in self.slots:
             if slot.is_idle:
-                if slot.save_prompt(self.prompt_cache, self.ctx):
-                    self.prompt_cache.update()
-                if self.kv_unified:
+                try:
+                    if slot.save_prompt(self.prompt_cache, self.ctx):
+                        self.prompt_cache.update()
+                except Exception:  # the cache is an optimisation: losing one copy loses no request (logged with its traceback)
+                    log.exception("saving slot %d to the prompt cache failed", slot.id)
+                if self.config.kv_unified:
                     slot.clear_prompt(self.ctx)
 
     def _next_admission(self) -> tuple[Slot, Request] | None:
@@ -299,48 +216,47 @@ class Engine:
             for request in list(self.waiting):
                 if request.cancelled:
                     self.waiting.remove(request)
-                    request.finish("cancelled")
+                    request.finish(End.CANCELLED)
                 elif (slot := choose_slot(self.slots, request)) is not None:
                     self.waiting.remove(request)
                     return slot, request
         return None
 
-    def step(self) -> None:
-        """One iteration: prepare the slots, build one batch, decode it, sample each slot that asked."""
+    def update_slots(self) -> StepRecord | None:
+        """One batch: plan it from every job, decode it, commit it, sample each job that asked (update_slots)."""
         t0 = time.perf_counter()
         self.prepare_slots()
-        in_batch = build_batch(self.slots, self.batch, self.step_tokens)
-        n_generated = sum(slot.is_generating for slot in in_batch)
+        plan = build_batch(self.slots, self.batch.capacity, self.config.step_tokens)
+        if not plan:
+            return None
+        self.fill_batch(plan)
         t_decode = time.perf_counter()
-        if not in_batch or not self.decode(in_batch):
-            return
-        t_sample = time.perf_counter()
-        sampling = [slot for slot in in_batch if slot.i_batch >= 0]
-        for slot in sampling:
-            if (sampled := self.sample(slot)) is not None:
-                self.process_token(slot, *sampled)
-        for slot in sampling:  # after every sampler: consumers' event loops run during the next decode
-            if slot.request is not None:
-                slot.request.wake()
-        n_prompt = self.batch.n_tokens - n_generated
-        self.record(StepRecord(t0, time.perf_counter() - t0, t_sample - t_decode, n_prompt, n_generated, len(in_batch)))
+        if not self.decode(plan):
+            return None
+        decode_seconds = time.perf_counter() - t_decode
+        self.commit(plan)
+        sampling = [chunk for chunk in plan if chunk.i_logits >= 0]
+        for chunk in sampling:
+            self.sample(chunk)
+        for chunk in sampling:  # after every sampler: consumers' event loops run during the next decode
+            chunk.job.request.wake()
+        return self.record(plan, t0, decode_seconds)
 
     def prepare_slots(self) -> None:
         """Before the batch: cancelled requests leave their slots; a full slot shifts its context
         (the start of llama-server's pre_decode)."""
         for slot in self.slots:
-            if slot.request is not None and slot.request.cancelled:
-                self.finish(slot, "cancelled")
-            elif self.context_shift and slot.is_generating and slot.n_past >= slot.n_ctx:
+            if (job := slot.job) is None:
+                continue
+            if job.request.cancelled:
+                self.finish(job, End.CANCELLED)
+            elif self.config.context_shift and job.is_generating and slot.n_past >= slot.n_ctx:
                 slot.shift_context(self.ctx, self.model.add_bos)
 
-    def record(self, step: StepRecord) -> None:
-        self.counters.record_step(step)
-        self.steps.append(step)
-
-    def decode(self, in_batch: list[Slot]) -> bool:
-        """``llama_decode`` the batch; when the KV cache is full, clear idle slots one by one and retry
-        (llama-server: try_clear_idle_slots). If it still fails, the batch's requests fail."""
+    def decode(self, plan: list[Chunk]) -> bool:
+        """``llama_decode`` the plan; when the KV cache is full, clear idle slots one by one and retry
+        (llama-server: try_clear_idle_slots). If it still fails, the plan's requests fail, and their
+        slots keep exactly what earlier steps committed."""
         while True:
             try:
                 self.ctx.decode(self.batch)
@@ -351,72 +267,102 @@ class Engine:
                 error: DecodeError = exc
             except DecodeError as exc:
                 error = exc
-            for slot in in_batch:
-                self.finish(slot, None, EngineError(str(error)), keep_cache=False)
+            for chunk in plan:
+                self.ctx.seq_rm(chunk.job.slot.id, chunk.pos, -1)  # cells a failed decode may have written
+                self.fail(chunk.job, EngineError(str(error)))
             return False
+
+    def fill_batch(self, plan: list[Chunk]) -> None:
+        """Write the plan into llama.cpp's batch: logits only where the step samples."""
+        self.batch.clear()
+        for chunk in plan:
+            for k, token in enumerate(chunk.tokens):
+                self.batch.add(token, chunk.pos + k, chunk.job.slot.id, logits=chunk.i_logits >= 0 and k == len(chunk.tokens) - 1)
+
+    def commit(self, plan: list[Chunk]) -> None:
+        """The decode succeeded: its tokens are in the KV cache now, so in ``cache_tokens`` too."""
+        for chunk in plan:
+            chunk.job.slot.cache_tokens.extend(chunk.tokens)
+            if chunk.is_prompt:
+                chunk.job.n_prompt_done += len(chunk.tokens)
+
+    def record(self, plan: list[Chunk], t0: float, decode_seconds: float) -> StepRecord:
+        batch = tuple(Share(c.job.slot.id, len(c.tokens), c.is_prompt, c.i_logits >= 0) for c in plan)
+        n_prompt = sum(share.n_tokens for share in batch if share.is_prompt)
+        n_generated = sum(not share.is_prompt for share in batch)
+        step = StepRecord(t0, time.perf_counter() - t0, decode_seconds, n_prompt, n_generated, len(plan), batch)
+        self.counters.record_step(step)
+        self.steps.append(step)
+        return step
 
     def clear_idle_slot(self) -> bool:
         """Free the cells of one idle slot that holds some (llama-server: try_clear_idle_slots).
         Only a unified KV cache gains from it: separate streams do not share cells."""
-        for slot in self.slots if self.kv_unified else ():
+        for slot in self.slots if self.config.kv_unified else ():
             if slot.is_idle and slot.cache_tokens:
                 log.warning("purging slot %d with %d tokens", slot.id, slot.n_past)
                 slot.clear_prompt(self.ctx)
                 return True
         return False
 
-    def sample(self, slot: Slot) -> tuple[int, TokenLogprob | None] | None:
-        """A token for ``slot`` from its logits in this batch (llama-server: post_decode's
-        common_sampler_sample), with its logprobs if asked; None if sampling failed the request."""
+    def sample(self, chunk: Chunk) -> None:
+        """A token for the job from its logits in this batch, with its logprobs if asked, handed to
+        ``process_token`` (llama-server: post_decode's common_sampler_sample)."""
+        job = chunk.job
         try:
-            token = slot.tools.sampler.sample(self.ctx, slot.i_batch)
-            n_probs = slot.request.n_probs
-            return token, self._logprobs(slot.i_batch, token, n_probs) if n_probs else None
+            token = job.sampler.sample(self.ctx, chunk.i_logits)
+            n_probs = job.request.params.n_probs
+            logprobs = self._logprobs(chunk.i_logits, token, n_probs) if n_probs else None
         except Exception as exc:  # noqa: BLE001 -- a sampler that fails ends its own request, not the engine
-            self.finish(slot, None, EngineError(f"sampling failed: {exc}"))
-            return None
+            self.fail(job, EngineError(f"sampling failed: {exc}"))
+            return
+        self.process_token(job, token, logprobs)
 
-    def process_token(self, slot: Slot, token: int, logprobs: TokenLogprob | None) -> None:
+    def process_token(self, job: Job, token: int, logprobs: TokenLogprob | None) -> None:
         """Check a sampled token, then deliver it or finish the request (llama-server: process_token)."""
-        request, params = slot.request, slot.request.params
+        request = job.request
         if request.status is Status.PROMPT:
             request.first_token()
-        if params.max_tokens == 0:  # prompt only (llama-server's n_predict = 0)
-            self.finish(slot, "length", stop_type="limit")
-            return
-        if self.model.is_eog(token):
-            self.finish(slot, "stop", stop_type="eos")
-            return
-        request.output.append(token)
-        slot.last_token = token
-        self.deliver(slot, slot.tools.push(token, logprobs))
-        if slot.tools.stops.stopped:
-            request.stopping_word = slot.tools.stops.word
-            self.finish(slot, "stop", stop_type="word")
-        elif len(request.output) == params.max_tokens or (slot.n_past >= slot.n_ctx and not self.context_shift):
-            request.truncated |= slot.n_past >= slot.n_ctx
-            self.finish(slot, "length", stop_type="limit")
+        if request.params.max_tokens == 0:  # prompt only (llama-server's n_predict = 0)
+            self.finish(job, End.LIMIT)
+        elif self.model.is_eog(token):
+            self.finish(job, End.EOS)
+        else:
+            self.deliver(job, job.push(token, logprobs))
+            self.check_end(job)
 
-    def deliver(self, slot: Slot, text: str) -> None:
+    def check_end(self, job: Job) -> None:
+        """After a token: a stop string, max_tokens or a full slot end the request."""
+        request, slot = job.request, job.slot
+        if job.stops.stopped:
+            request.stopping_word = job.stops.word
+            self.finish(job, End.WORD)
+        elif len(request.output) == request.params.max_tokens or (slot.n_past >= slot.n_ctx and not self.config.context_shift):
+            request.truncated |= slot.n_past >= slot.n_ctx
+            self.finish(job, End.LIMIT)
+
+    def deliver(self, job: Job, text: str) -> None:
         """Send text with the tokens (and logprobs) it came from; held-back tokens wait for their text."""
         if text:
-            slot.request.emit(slot.tools.take(text))
+            job.request.emit(job.take(text))
 
-    def finish(
-        self, slot: Slot, reason: str | None, error: BaseException | None = None, *, keep_cache: bool = True, stop_type: str = "none"
-    ) -> None:
-        """End the slot's request: flush held-back text, close its timings, free the slot."""
-        request = slot.request
-        request.stop_type, request.n_cached = stop_type, slot.n_past
-        if error is None and reason != "cancelled" and not slot.tools.stops.stopped:
-            self.deliver(slot, slot.tools.flush())
-        request.end_timings()
-        self.counters.record_finish(request.timings, ok=error is None)
-        slot.release(self.ctx, keep_cache=keep_cache and error is None)
-        if error is not None:
-            self._fail(request, error)  # type: ignore[arg-type]  # a busy slot's request (see pyproject.toml's mypy override)
-        else:
-            request.finish(reason)
+    def finish(self, job: Job, end: End) -> None:
+        """End the job's request: flush held-back text, close its timings, free the slot."""
+        if end is not End.CANCELLED and not job.stops.stopped:
+            self.deliver(job, job.flush())
+        self._leave(job, ok=True)
+        job.request.finish(end)
+
+    def fail(self, job: Job, error: BaseException, *, keep_cache: bool = True) -> None:
+        """The job cannot go on: its request ends with ``error``, the slot is free."""
+        self._leave(job, ok=False, keep_cache=keep_cache)
+        self._fail(job.request, error)
+
+    def _leave(self, job: Job, *, ok: bool, keep_cache: bool = True) -> None:
+        job.request.n_cached = job.slot.n_past
+        job.request.end_timings()
+        self.counters.record_finish(job.request.timings, ok=ok)
+        job.slot.release(self.ctx, keep_cache=keep_cache)
 
     def _fail(self, request: Request, error: BaseException) -> None:
         log.warning("request %d failed: %s", request.id, error)
@@ -425,8 +371,8 @@ class Engine:
 
     def _fail_busy(self, error: BaseException) -> None:
         for slot in self.slots:
-            if slot.request is not None:
-                self.finish(slot, None, error, keep_cache=False)
+            if slot.job is not None:
+                self.fail(slot.job, error, keep_cache=False)
 
     def _logprobs(self, i: int, token: int, n_probs: int) -> TokenLogprob:
         logits = np.ctypeslib.as_array(self.ctx.logits(i))
@@ -445,7 +391,8 @@ class Engine:
                 return
             self._closing = True
             self._cond.notify()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
         stopped = EngineError("the engine was stopped")
         self._fail_busy(stopped)
         while self.waiting:

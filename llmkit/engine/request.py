@@ -1,7 +1,8 @@
-"""One request's state, from submission to its last token (~ llama-server's server_task + result reader).
+"""One request: what it asks (``RequestParams``), how it ends (``End``), and its state from submission to its
+last token (~ llama-server's ``task_params``, ``stop_type`` and ``server_task`` + its result reader).
 
-The engine thread is the only writer: it fills in the prompt progress,
-timings and pieces, and ``emit``s events. The consumer (a thread, an
+The engine thread is the only writer: it fills in the status, timings and
+pieces, and ``emit``s events. The consumer (a thread, an
 asyncio task, an HTTP handler) only reads them, by iterating the request:
 
     for piece in request:          # or: async for piece in request
@@ -26,7 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from llmkit.llama import SamplingParams
@@ -39,6 +40,51 @@ class Status(enum.Enum):
     PROMPT = "prompt"  # in a slot, its prompt being evaluated
     GENERATING = "generating"
     DONE = "done"
+
+
+class End(enum.Enum):
+    """Why a request ended: its OpenAI ``finish_reason`` and llama-server's ``stop_type`` (``enum stop_type``)."""
+
+    EOS = ("stop", "eos")  # the model wrote an end-of-generation token
+    WORD = ("stop", "word")  # a stop string
+    LIMIT = ("length", "limit")  # max_tokens, or a full context
+    CANCELLED = ("cancelled", "none")  # the client left
+
+    def __init__(self, finish_reason: str, stop_type: str):
+        self.finish_reason = finish_reason
+        self.stop_type = stop_type
+
+
+@dataclass(frozen=True)
+class RequestParams:
+    """What a request asks of the engine, beside its prompt (~ llama-server's ``task_params``, sampling nested).
+
+    ``RequestParams.of(max_tokens=8, temperature=0)`` takes both levels' fields flat, as a request body does.
+    """
+
+    max_tokens: int = -1  # -1: until end of generation or the context is full (llama-server: n_predict)
+    stop: tuple[str, ...] = ()  # stop strings (antiprompt)
+    cache_prompt: bool = True  # start from the slot's cached prefix
+    id_slot: int | None = None  # this slot, or wait for it
+    n_probs: int = 0  # > 0: report logprobs with this many alternatives
+    n_keep: int = 0  # prompt tokens a context shift keeps (-1: the whole prompt)
+    n_cache_reuse: int | None = None  # move cached chunks of at least this many tokens into place (None: the engine's)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    @classmethod
+    def of(cls, **options: Any) -> RequestParams:
+        """From flat options: ``RequestParams`` fields, and ``SamplingParams`` fields (``temperature``, ...)."""
+        own = {f.name for f in fields(cls)} - {"sampling"}
+        mine = {k: v for k, v in options.items() if k in own}
+        if "stop" in mine:
+            mine["stop"] = tuple(mine["stop"])
+        return cls(**mine, sampling=SamplingParams(**{k: v for k, v in options.items() if k not in own}))
+
+    def to_dict(self) -> dict:
+        """One flat dict, as llama-server's ``task_params::to_json`` (the grammar only as whether there is one)."""
+        sampling = {f.name: getattr(self.sampling, f.name) for f in fields(self.sampling) if f.name != "grammar"}
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "sampling"}
+        return own | {"stop": list(self.stop)} | sampling | {"has_grammar": self.sampling.grammar is not None}
 
 
 class EngineError(RuntimeError):
@@ -106,33 +152,16 @@ _END: Any = object()  # the end marker: travels in the queue of pieces, is never
 
 
 class Request:
-    def __init__(
-        self,
-        prompt: list[int],
-        params: SamplingParams | None = None,
-        *,
-        cache_prompt: bool = True,
-        id_slot: int | None = None,
-        n_probs: int = 0,
-        n_keep: int = 0,
-        n_cache_reuse: int = 0,
-    ):
+    def __init__(self, prompt: list[int], params: RequestParams | None = None):
         self.id = next(_ids)
         self.prompt = prompt
-        self.params = params or SamplingParams()
-        self.cache_prompt = cache_prompt
-        self.id_slot = id_slot  # the slot asked for, if any (llama-server: task.id_slot)
-        self.n_probs = n_probs  # > 0: report logprobs with this many alternatives
-        self.n_keep = n_keep  # context shift keeps this many prompt tokens (-1: the whole prompt)
-        self.n_cache_reuse = n_cache_reuse  # > 0: move cached chunks of at least this many tokens into place
+        self.params = params or RequestParams()
 
         self.status = Status.WAITING
         self.slot_id: int | None = None  # the slot it got (llama-server: slot.id)
         self.output: list[int] = []
         self.text_parts: list[str] = []
-        self.finish_reason: str | None = None  # "stop" | "length" | "cancelled"
-        # why it stopped, in llama-server's terms (its native /completion answer reports them)
-        self.stop_type = "none"  # "eos" | "word" (a stop string) | "limit" (max_tokens or a full context)
+        self.end: End | None = None  # how it ended (None: not yet, or failed: ``error``)
         self.stopping_word = ""  # the stop string that ended it
         self.truncated = False  # it filled its slot's context
         self.n_cached = 0  # tokens in its slot's KV cache when it ended (llama-server: tokens_cached)
@@ -175,8 +204,9 @@ class Request:
         self.text_parts.append(piece.text)
         self._push(piece)
 
-    def finish(self, reason: str | None, error: BaseException | None = None) -> None:
-        self.finish_reason, self.error = reason, error
+    def finish(self, end: End | None, error: BaseException | None = None) -> None:
+        """It ended (``end``), or failed (``error``): the readers see the end after the pieces queued before it."""
+        self.end, self.error = end, error
         self.status = Status.DONE
         self._push(_END)
         self.wake()
@@ -194,6 +224,16 @@ class Request:
             loop.call_soon_threadsafe(wake.set)
 
     # --- consumer side -----------------------------------------------------
+
+    @property
+    def finish_reason(self) -> str | None:
+        """OpenAI's: "stop", "length" or "cancelled" (None while it runs, or when it failed)."""
+        return self.end.finish_reason if self.end is not None else None
+
+    @property
+    def stop_type(self) -> str:
+        """llama-server's (its native /completion answer reports it): "eos", "word", "limit" or "none"."""
+        return self.end.stop_type if self.end is not None else "none"
 
     @property
     def cancelled(self) -> bool:

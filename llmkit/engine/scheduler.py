@@ -1,14 +1,16 @@
 """The decisions the engine makes: which slot a request gets (and whether its prompt goes through the
 prompt cache), and what goes in each step's batch.
 
-They are pure functions over the slots, so they can be read (and tested) on their own.
+They are pure functions over the slots: they change nothing, so they can be read (and tested) on their own.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from llmkit.engine.job import Job
 from llmkit.engine.request import Request, Status
 from llmkit.engine.slot import Slot, common_prefix
-from llmkit.llama import Batch
 
 SIMILARITY_THRESHOLD = 0.1  # llama-server's --slot-prompt-similarity default
 KEEP_THRESHOLD = 0.5  # get_available_slot: a slot about to lose over half of what it holds goes to the prompt cache first
@@ -22,13 +24,13 @@ def choose_slot(slots: list[Slot], request: Request) -> Slot | None:
     shares the longest prefix with the prompt, if that covers more than 10 %
     of it; else the least recently used idle slot.
     """
-    if request.id_slot is not None:
-        slot = slots[request.id_slot]
+    if request.params.id_slot is not None:
+        slot = slots[request.params.id_slot]
         return slot if slot.is_idle else None
     idle = [s for s in slots if s.is_idle]
     if not idle:
         return None
-    if request.cache_prompt:
+    if request.params.cache_prompt:
         best = max(idle, key=lambda s: s.similarity(request.prompt))
         if best.similarity(request.prompt) > SIMILARITY_THRESHOLD:
             return best
@@ -44,16 +46,31 @@ def swaps_prompt(slot: Slot, request: Request) -> bool:
     named it. (And no without ``cache_prompt``: the request would throw the
     restored prompt away.)
     """
-    if not request.cache_prompt:
+    if not request.params.cache_prompt:
         return False
     lcp = common_prefix(slot.cache_tokens, request.prompt)
     if lcp / len(request.prompt) > SIMILARITY_THRESHOLD:  # chosen by similarity (Slot.similarity)
         return lcp / len(slot.cache_tokens) < KEEP_THRESHOLD
-    return request.id_slot is None
+    return request.params.id_slot is None
 
 
-def build_batch(slots: list[Slot], batch: Batch, budget: int = 0) -> list[Slot]:
-    """Fill ``batch`` for one ``llama_decode``; return the slots that have a token in it.
+@dataclass(frozen=True)
+class Chunk:
+    """What one job puts in a step's batch: ``tokens`` at positions ``pos``, ``pos + 1``, ... of its slot.
+
+    ``i_logits``: where in the batch its last token is, if the step samples from it (-1: it does not,
+    a prompt chunk that is not the prompt's end).
+    """
+
+    job: Job
+    tokens: list[int]
+    pos: int
+    i_logits: int
+    is_prompt: bool  # prompt tokens (else the token sampled last step)
+
+
+def build_batch(slots: list[Slot], capacity: int, budget: int = 0) -> list[Chunk]:
+    """Plan one ``llama_decode``: what each busy slot puts in the batch, in order. Changes nothing.
 
     Mirrors the batch building in llama-server's ``pre_decode`` (called by ``update_slots``):
     1. every generating slot adds the token it sampled last step;
@@ -63,31 +80,23 @@ def build_batch(slots: list[Slot], batch: Batch, budget: int = 0) -> list[Slot]:
     only a prompt's very last token asks for logits, since only there do we sample.
 
     ``budget`` caps the tokens of a step that carries running streams (0: the batch's
-    capacity, llama-server's ``n_batch``). A small budget is stall-free batching
+    ``capacity``, llama-server's ``n_batch``). A small budget is stall-free batching
     (Sarathi-Serve; vLLM's chunked prefill): a burst of long prompts is read a chunk per
     step while the running streams keep getting a token every step, instead of waiting
     for one huge decode. A step with no running stream has no one to keep waiting: its
     prompts fill the batch, so a request alone gets its first token as soon as without it.
     """
-    batch.clear()
-    used: list[Slot] = []
-    for slot in slots:
-        if slot.is_generating:
-            slot.i_batch = batch.add(slot.last_token, slot.n_past, slot.id, logits=True)
-            slot.cache_tokens.append(slot.last_token)
-            used.append(slot)
-    limit = min(budget or batch.capacity, batch.capacity) if used else batch.capacity
-    reading = sorted((s for s in slots if s.request is not None and s.request.status is Status.PROMPT), key=lambda s: s.request.id)
-    for slot in reading:
-        room = limit - batch.n_tokens
+    jobs = [slot.job for slot in slots if slot.job is not None]
+    generating = [job for job in jobs if job.is_generating]
+    plan = [Chunk(job, [job.last_token], job.slot.n_past, i, False) for i, job in enumerate(generating)]
+    limit = min(budget or capacity, capacity) if plan else capacity
+    n_tokens = len(plan)
+    for job in sorted((job for job in jobs if job.request.status is Status.PROMPT), key=lambda job: job.request.id):
+        room = limit - n_tokens
         if room <= 0:
             break
-        chunk = slot.prompt_left[:room]
-        last = slot.n_prompt_done + len(chunk) == len(slot.request.prompt)
-        for k, token in enumerate(chunk):
-            i = batch.add(token, slot.n_past, slot.id, logits=last and k == len(chunk) - 1)
-            slot.cache_tokens.append(token)
-        slot.n_prompt_done += len(chunk)
-        slot.i_batch = i if last else -1
-        used.append(slot)
-    return used
+        tokens = job.prompt_left[:room]
+        last = job.n_prompt_done + len(tokens) == len(job.request.prompt)
+        n_tokens += len(tokens)
+        plan.append(Chunk(job, tokens, job.slot.n_past, n_tokens - 1 if last else -1, True))
+    return plan

@@ -1,17 +1,19 @@
-"""One slot: a KV-cache sequence and the request using it (~ llama-server's ``server_slot``).
+"""One slot: a sequence of the KV cache, and the job running on it (~ llama-server's ``server_slot``).
 
 A slot's sequence id is its index. ``cache_tokens`` are exactly the tokens
 whose keys and values sit in that sequence of the KV cache, position by
-position; they outlive the request, which is what prefix reuse reads.
+position, at every moment outside a step (a step appends to them only after
+its decode has succeeded: ``Engine.commit``); they outlive the job, which is
+what prefix reuse reads.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from llmkit.engine.request import Piece, Request, Status, TokenLogprob
+from llmkit.engine.job import Job
+from llmkit.engine.request import Request
 from llmkit.llama import Context, Model, Sampler
 from llmkit.text import Detokenizer, StopMatcher
 
@@ -28,58 +30,18 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
-@dataclass
-class Tools:
-    """What a slot needs while a request runs: built by ``Slot.start``, dropped by ``Slot.release``."""
-
-    sampler: Sampler
-    detok: Detokenizer
-    stops: StopMatcher
-    pending_tokens: list[int] = field(default_factory=list)  # sampled, text still held back (half a character, maybe a stop string)
-    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
-
-    def push(self, token: int, logprobs: TokenLogprob | None) -> str:
-        """Take a sampled token; return the text now ready (whole characters, no part of a stop string)."""
-        self.pending_tokens.append(token)
-        if logprobs is not None:
-            self.pending_logprobs.append(logprobs)
-        return self.stops.push(self.detok.push(token))
-
-    def flush(self) -> str:
-        """The text still held back, at the end of the request."""
-        return self.stops.push(self.detok.flush()) + self.stops.flush()
-
-    def take(self, text: str) -> Piece:
-        """``text`` with the tokens (and logprobs) it came from; they are no longer pending."""
-        piece = Piece(text, self.pending_tokens, self.pending_logprobs)
-        self.pending_tokens, self.pending_logprobs = [], []
-        return piece
-
-
 class Slot:
     def __init__(self, slot_id: int, n_ctx: int):
         self.id = slot_id
         self.n_ctx = n_ctx  # this slot's share of the context
         self.cache_tokens: list[int] = []
-        self.request: Request | None = None
-        self.tools: Tools | None = None  # while a request runs
-        self.n_prompt_done = 0  # prompt tokens already in the KV cache or in this step's batch
-        self.last_token = -1  # sampled, not yet decoded
-        self.i_batch = -1  # where this slot's logits are in the current batch (-1: none)
+        self.job: Job | None = None  # the work running here (None: idle)
         self.t_last_used = 0.0
         self.n_restored = 0  # prompts brought back into this slot from the prompt cache
 
     @property
     def is_idle(self) -> bool:
-        return self.request is None
-
-    @property
-    def is_generating(self) -> bool:
-        return self.request is not None and self.request.status is Status.GENERATING
-
-    @property
-    def prompt_left(self) -> list[int]:
-        return self.request.prompt[self.n_prompt_done :] if self.request else []
+        return self.job is None
 
     @property
     def n_past(self) -> int:
@@ -90,29 +52,29 @@ class Slot:
         """How much of ``prompt`` this slot already holds, 0..1 (lcp / len(prompt))."""
         return common_prefix(self.cache_tokens, prompt) / len(prompt) if prompt else 0.0
 
-    def start(self, request: Request, ctx: Context, model: Model) -> None:
-        """Take ``request``: keep the cached common prefix, drop the rest of the KV, build the sampler.
+    def start(self, request: Request, ctx: Context, model: Model) -> Job:
+        """Take ``request``: keep the cached common prefix, drop the rest of the KV, build its job.
 
         (llama-server: launch_slot_with_task + the n_past logic of pre_decode)
         """
-        prompt = request.prompt
-        n_past = common_prefix(self.cache_tokens, prompt) if request.cache_prompt else 0
-        n_moved = self.reuse_chunks(ctx, prompt, n_past, request.n_cache_reuse) if request.cache_prompt and request.n_cache_reuse > 0 else 0
+        prompt, params = request.prompt, request.params
+        n_past = common_prefix(self.cache_tokens, prompt) if params.cache_prompt else 0
+        n_moved = self.reuse_chunks(ctx, prompt, n_past, params.n_cache_reuse) if params.cache_prompt and params.n_cache_reuse else 0
         n_keep = min(n_past + n_moved, len(prompt) - 1)  # evaluate at least one token: we need its logits
         if not ctx.seq_rm(self.id, n_keep, -1):
             n_keep = n_moved = 0  # this memory cannot cut a sequence in the middle: drop it all
             ctx.seq_rm(self.id, 0, -1)
         del self.cache_tokens[n_keep:]
 
-        sampler = Sampler(model, request.params)  # may raise: the caller fails the request alone
-        self.tools = Tools(sampler, Detokenizer(model.token_to_piece), StopMatcher(request.params.stop))
-        self.request, self.n_prompt_done, self.i_batch = request, n_keep, -1
+        sampler = Sampler(model, params.sampling)  # may raise: the caller fails the request alone
+        self.job = Job(request, self, sampler, Detokenizer(model.token_to_piece), StopMatcher(params.stop), n_prompt_done=n_keep)
         request.start(self.id, n_cached=n_keep, n_moved=min(n_moved, n_keep))
+        return self.job
 
     def reuse_chunks(self, ctx: Context, prompt: list[int], n_past: int, min_chunk: int) -> int:
         """After the common prefix, move cached chunks that the prompt repeats into their new places.
 
-        (llama-server: the n_cache_reuse loop of update_slots, --cache-reuse.) An edited
+        (llama-server: the n_cache_reuse loop of pre_decode, --cache-reuse.) An edited
         early message changes the prefix; the messages after it are still in the cache,
         only at other positions: a run of at least ``min_chunk`` matching tokens is
         moved (``seq_rm`` the gap, ``seq_add`` to shift its positions) instead of read
@@ -139,8 +101,9 @@ class Slot:
         (llama-server: the context shift at the top of pre_decode, --context-shift.)
         The generation goes on, having forgotten the middle of what it read.
         """
-        request = self.request
-        n_keep = len(request.prompt) if request.n_keep < 0 else request.n_keep
+        assert self.job is not None, "only a busy slot shifts its context"
+        request = self.job.request
+        n_keep = len(request.prompt) if request.params.n_keep < 0 else request.params.n_keep
         n_keep = min(self.n_ctx - 4, n_keep + add_bos)
         n_left = self.n_past - n_keep
         n_discard = max(0, min(n_left // 2, n_left - 1))
@@ -166,32 +129,9 @@ class Slot:
 
     def release(self, ctx: Context, *, keep_cache: bool = True) -> None:
         """Free the slot. The KV cache stays for the next request unless ``keep_cache`` is False."""
-        if self.tools is not None:
-            self.tools.sampler.close()
-        self.tools = self.request = None
-        self.i_batch = -1
+        if self.job is not None:
+            self.job.sampler.close()
+        self.job = None
         self.t_last_used = time.perf_counter()
         if not keep_cache:
             self.clear_prompt(ctx)
-
-    def to_dict(self) -> dict:
-        """State for ``GET /slots``."""
-        r = self.request  # read once: the engine thread may free the slot while an HTTP thread reads it
-        state: dict[str, Any] = {
-            "id": self.id,
-            "n_ctx": self.n_ctx,
-            "is_processing": r is not None,
-            "n_cached": self.n_past,
-            "n_restored_from_cache": self.n_restored,
-        }
-        if r is not None:
-            state.update(
-                id_task=r.id,
-                status=r.status.value,
-                n_prompt_tokens=len(r.prompt),
-                n_prompt_tokens_cache=r.timings.cache_n,
-                n_prompt_tokens_processed=self.n_prompt_done - r.timings.cache_n,
-                n_decoded=len(r.output),
-                params={k: v for k, v in vars(r.params).items() if k != "grammar"} | {"has_grammar": r.params.grammar is not None},
-            )
-        return state

@@ -48,7 +48,8 @@ class Translator:
     ):
         self.n_ctx = n_ctx
         self.n_threads = n_threads
-        self.sampling = SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens)
+        self.sampling = SamplingParams(temperature=temperature, seed=seed)
+        self.max_tokens = max_tokens  # -1: until the end token or a full context
         self.lock = threading.Lock()  # one translation (or model swap) at a time
         self.last = Timings()
         self.model, self.ctx = self._open(model_path)
@@ -116,7 +117,7 @@ class Translator:
                 piece = detok.push(token)
                 if piece:
                     yield piece
-                if n_out == self.sampling.max_tokens or n_past >= ctx.n_ctx:
+                if n_out == self.max_tokens or n_past >= ctx.n_ctx:
                     break
                 batch.clear()
                 batch.add(token, n_past, 0, logits=True)

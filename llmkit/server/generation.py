@@ -23,9 +23,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from llmkit.engine import ContextSizeError, Piece, grammar
+from llmkit.engine import ContextSizeError, Piece, RequestParams, grammar
 from llmkit.engine import Request as EngineRequest
-from llmkit.llama import Model, SamplingParams
+from llmkit.llama import Model
 from llmkit.server import sse
 from llmkit.server.errors import ApiError, off_loop
 from llmkit.server.protocol import (
@@ -36,7 +36,7 @@ from llmkit.server.protocol import (
     NativeCompletionRequest,
     check_tokens,
     constraint_of,
-    sampling_params,
+    params_from_body,
 )
 from llmkit.server.state import SYSTEM_FINGERPRINT, ServerState, State
 from llmkit.server.tools import TextParser, ToolCalling
@@ -120,25 +120,14 @@ async def submit(
 ) -> EngineRequest:
     """The request's settings checked and compiled, then its prompt queued (llama-server: post_tasks)."""
     engine = state.engine
-    n_top = body.n_top_logprobs()
     # the constraint's conversion and check are CPU work: off the event loop; bad ones are a 400 here
-    params = await off_loop(request_params, body, state.settings.sampling_defaults(), engine.model, calling)
+    params = await off_loop(request_params, body, state.settings.request_defaults(), engine.model, calling)
     try:
-        request = engine.submit(
-            prompt,
-            params,
-            cache_prompt=body.cache_prompt,
-            id_slot=None if body.id_slot < 0 else body.id_slot,
-            n_probs=0 if n_top is None else max(n_top, 1),  # the engine computes logprobs only when n_probs > 0
-            n_keep=body.n_keep,
-            n_cache_reuse=body.n_cache_reuse,
-        )
+        request = engine.submit(prompt, params)
     except ContextSizeError as exc:
         raise ApiError.context_size(exc) from None
     except ValueError as exc:
         raise ApiError(400, str(exc)) from None
-    if not hasattr(http_request.state, "engine_request"):
-        http_request.state.engine_request = request  # the first, for the access log
     return request
 
 
@@ -155,6 +144,7 @@ async def answer(
         whole = []
         for request, fmt, reader in zip(requests, formats, readers, strict=True):
             pieces = await collect(request, http_request)
+            log_usage(http_request, request)
             for piece in pieces:
                 reader.push(piece.text)
             reader.finish()
@@ -189,6 +179,8 @@ async def answer(
         finally:
             for pieces in streams:
                 await pieces.aclose()
+            for request in requests:  # what each got to, whether the client stayed or not
+                log_usage(http_request, request)
 
     def cancel_all() -> None:
         for request in requests:
@@ -199,6 +191,13 @@ async def answer(
     return StreamingResponse(
         events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}, background=BackgroundTask(cancel_all)
     )
+
+
+def log_usage(http_request: Request, request: EngineRequest) -> None:
+    """Add a finished request's token counts to what the access log prints for this HTTP request (``middleware.AccessLog``)."""
+    counts = (len(request.prompt), request.timings.cache_n, len(request.output))
+    before = getattr(http_request.state, "usage", (0, 0, 0))
+    http_request.state.usage = tuple(a + b for a, b in zip(before, counts, strict=True))
 
 
 async def collect(request: EngineRequest, http_request: Request) -> list[Piece]:
@@ -224,13 +223,13 @@ async def collect(request: EngineRequest, http_request: Request) -> list[Piece]:
         watcher.cancel()
 
 
-def request_params(body: GenerationRequest, defaults: SamplingParams, model: Model, calling: ToolCalling | None = None) -> SamplingParams:
-    """The request's sampling settings, with its constraint (if any) compiled into a grammar for ``model``'s slots:
+def request_params(body: GenerationRequest, defaults: RequestParams, model: Model, calling: ToolCalling | None = None) -> RequestParams:
+    """The request's settings, with its constraint (if any) compiled into a grammar for ``model``'s slots:
     the tool-call grammar when a call may come, else its ``response_format``, ``json_schema`` or ``grammar``."""
     constraint = constraint_of(body)
     calls = calling.grammar() if calling is not None else None
     if calls is None:
-        return sampling_params(body, defaults, None if constraint is None else grammar.compile(constraint, model))
+        return params_from_body(body, defaults, None if constraint is None else grammar.compile(constraint, model))
     if constraint is not None:
         raise ValueError("Cannot use custom grammar constraints with tools.")  # llama-server's words (it checks 'grammar' only)
     if body.ignore_eos:
@@ -238,7 +237,7 @@ def request_params(body: GenerationRequest, defaults: SamplingParams, model: Mod
     text, trigger = calls
     if trigger is not None:
         model.word_masks(trigger.encode())  # read here once (~0.4 s), not in the engine's step
-    return sampling_params(body, defaults, grammar.compile(grammar.Gbnf(text), model), trigger)
+    return params_from_body(body, defaults, grammar.compile(grammar.Gbnf(text), model), trigger)
 
 
 def tokenize_mixed(model: Model, prompt: str | list[int | str]) -> list[int]:

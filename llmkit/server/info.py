@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import Response
 
+from llmkit.engine import SlotStatus
 from llmkit.llama import Model
 from llmkit.server import metrics
 from llmkit.server.errors import ApiError, off_loop
@@ -36,7 +38,7 @@ def model_info(state: ServerState) -> dict:
     m = engine.model
     meta = {
         "n_vocab": m.n_vocab,
-        "n_ctx": engine.n_ctx_slot,
+        "n_ctx": engine.status().n_ctx_slot,
         "n_ctx_train": m.n_ctx_train,
         "n_embd": m.n_embd,
         "n_params": m.n_params(),
@@ -61,10 +63,11 @@ async def get_model(model_id: str, state: State) -> dict:
 @router.get("/props")
 async def props(state: State) -> dict:
     engine, settings = state.engine, state.settings
-    defaults = {k: v for k, v in dataclasses.asdict(settings.sampling_defaults()).items() if k != "grammar"}
+    status = engine.status()
+    config = status.config
     return {
-        "default_generation_settings": {"n_ctx": engine.n_ctx_slot, "params": defaults},
-        "total_slots": len(engine.slots),
+        "default_generation_settings": {"n_ctx": status.n_ctx_slot, "params": settings.request_defaults().to_dict()},
+        "total_slots": len(status.slots),
         "model_alias": state.model_name,
         "model_path": str(engine.model.path),
         "modalities": {"vision": False, "video": False, "audio": False},
@@ -72,12 +75,13 @@ async def props(state: State) -> dict:
         "endpoint_metrics": settings.metrics,
         "chat_template": engine.model.chat_template,
         "build_info": SYSTEM_FINGERPRINT,
-        "step_tokens": engine.step_tokens,  # llmkit's own: the per-step token budget (0: none, as llama-server)
+        "step_tokens": config.step_tokens,  # llmkit's own: the per-step token budget (0: none, as llama-server)
         # the KV cache's settings (llmkit's own keys, llama-server's flag names)
-        "kv_unified": engine.kv_unified,
-        "cache_reuse": engine.cache_reuse,
-        "context_shift": engine.context_shift,
-        "prompt_cache": engine.prompt_cache.to_dict() if engine.prompt_cache is not None else None,
+        "kv_unified": config.kv_unified,
+        "cache_reuse": config.cache_reuse,
+        "context_shift": config.context_shift,
+        "prompt_cache": status.prompt_cache,
+        "engine": dataclasses.asdict(config),  # llmkit's own: every engine setting in effect (EngineConfig)
     }
 
 
@@ -85,7 +89,21 @@ async def props(state: State) -> dict:
 async def slots(state: State) -> list[dict]:
     if not state.settings.slots:
         raise ApiError(501, "This server does not support slots endpoint. Start it with `--slots`")
-    return [slot.to_dict() for slot in state.engine.slots]
+    return [slot_json(slot) for slot in state.engine.status().slots]
+
+
+def slot_json(slot: SlotStatus) -> dict:
+    """One slot as ``GET /slots`` shows it (llama-server's keys, and llmkit's ``n_cached`` and ``n_restored_from_cache``)."""
+    state: dict[str, Any] = {
+        "id": slot.id,
+        "n_ctx": slot.n_ctx,
+        "is_processing": slot.job is not None,
+        "n_cached": slot.n_cached,
+        "n_restored_from_cache": slot.n_restored,
+    }
+    if slot.job is not None:
+        state |= dataclasses.asdict(slot.job)
+    return state
 
 
 @router.get("/metrics")

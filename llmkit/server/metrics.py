@@ -1,7 +1,7 @@
 """``GET /metrics``: the engine's counters in Prometheus text, under llama-server's ``llamacpp:`` names.
 
 (~ llama-server's ``server_task_result_metrics::to_metrics`` in server-task.cpp.)
-A prometheus_client collector reads ``engine.counters`` at scrape time, so
+A prometheus_client collector reads the engine's ``status()`` at scrape time, so
 the numbers are exactly the engine's totals (the sums of every finished
 request's ``timings``). Its own registry: nothing of the process leaks in.
 
@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from llmkit.engine import EngineStatus
 
 if TYPE_CHECKING:  # state.py imports this module
     from llmkit.server.state import ServingEngine
@@ -39,21 +41,21 @@ COUNTERS = {  # counter name -> its help text (the same words as llama-server's)
 }
 
 
-def gauges(engine: ServingEngine) -> dict[str, tuple[str, float]]:
-    c = engine.counters
+def gauges(status: EngineStatus) -> dict[str, tuple[str, float]]:
+    c = status.counters
 
     def rate(n: float, seconds: float) -> float:
         return n / seconds if seconds else 0.0
 
-    cache = engine.prompt_cache.to_dict() if engine.prompt_cache else {}
+    cache = status.prompt_cache or {}
     return {  # name -> (help text, value)
         "prompt_tokens_seconds": ("Average prompt throughput in tokens/s", rate(c.prompt_tokens_total, c.prompt_seconds_total)),
         "predicted_tokens_seconds": (
             "Average generation throughput in tokens/s",
             rate(c.tokens_predicted_total, c.tokens_predicted_seconds_total),
         ),
-        "requests_processing": ("Number of requests processing", engine.n_busy),
-        "requests_deferred": ("Number of requests deferred", engine.n_waiting),
+        "requests_processing": ("Number of requests processing", status.n_busy),
+        "requests_deferred": ("Number of requests deferred", status.n_waiting),
         "n_busy_slots_per_decode": (
             "Average number of busy slots per llama_decode() call",
             c.n_busy_slots_total / max(c.n_decode_total, 1),
@@ -78,13 +80,13 @@ class EngineCollector:
         self.get_engine = get_engine
 
     def collect(self) -> Iterator[Metric]:
-        engine = self.get_engine()
-        totals = engine.counters.snapshot()
+        status = self.get_engine().status()
+        totals = status.counters.snapshot()
         for name, help_text in COUNTERS.items():
             yield CounterMetricFamily(PREFIX + name, help_text, value=totals[name])
-        for name, (help_text, value) in gauges(engine).items():
+        for name, (help_text, value) in gauges(status).items():
             yield GaugeMetricFamily(PREFIX + name, help_text, value=value)
-        cache = engine.prompt_cache.to_dict() if engine.prompt_cache is not None else {}
+        cache = status.prompt_cache or {}
         for name, help_text in PROMPT_CACHE_COUNTERS.items():
             yield CounterMetricFamily(f"{PREFIX}prompt_cache_{name}_total", help_text, value=cache.get(name, 0))
 

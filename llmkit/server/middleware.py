@@ -107,8 +107,8 @@ class AccessLog:
             raise
         finally:
             tokens = ""
-            if (request := state.get("engine_request")) is not None:  # set by the generation routes
-                tokens = f" prompt={len(request.prompt)} cached={request.timings.cache_n} generated={len(request.output)}"
+            if (usage := state.get("usage")) is not None:  # set by the generation routes (generation.log_usage)
+                tokens = " prompt={} cached={} generated={}".format(*usage)
             elif "n_prompt_tokens" in state:  # embeddings
                 tokens = f" prompt={state['n_prompt_tokens']}"
             log.info("%s %s %s%s %.3fs", scope["method"], scope["path"], status or "-", tokens, time.perf_counter() - t0)

@@ -1,4 +1,4 @@
-"""Request bodies as pydantic models, and their mapping to the engine's SamplingParams.
+"""Request bodies as pydantic models, and their mapping to the engine's RequestParams.
 
 (~ llama-server's server-schema.cpp: a declarative table of request fields
 with types, limits and aliases.) Fields are strict (``"0.5"`` is not a
@@ -14,8 +14,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from llmkit.engine import RequestParams
 from llmkit.engine.grammar import Constraint, Gbnf, Schema
-from llmkit.llama import Grammar, SamplingParams
+from llmkit.llama import Grammar
 from llmkit.server.errors import ApiError
 from llmkit.server.tools import Tool, ToolCalling, renders_tools
 
@@ -350,16 +351,16 @@ def constraint_of(body: GenerationRequest) -> Constraint | None:
     return Gbnf(gbnf) if gbnf is not None else Schema(schema, strict, field)  # type: ignore[arg-type]  # one of them is set
 
 
-def sampling_params(
-    body: GenerationRequest, defaults: SamplingParams, grammar: Grammar | None = None, grammar_trigger: str | None = None
-) -> SamplingParams:
-    """Map a request onto the server's defaults (``--temp``, ``--seed``, ``-n``): only given fields change.
+def params_from_body(
+    body: GenerationRequest, defaults: RequestParams, grammar: Grammar | None = None, grammar_trigger: str | None = None
+) -> RequestParams:
+    """Map a request onto the server's defaults (``--temp``, ``--seed``, ``-n``): only given fields change
+    (llama-server: eval_llama_cmpl_schema).
 
     ``grammar``: the request's constraint, compiled (``constraint_of`` says which, ``grammar.compile`` makes it);
     ``grammar_trigger``: the word that starts it, for a lazy grammar (a tool call the model may make).
     """
-    given: dict[str, Any] = {
-        "max_tokens": next((n for n in (body.n_predict, body.max_completion_tokens, body.max_tokens) if n is not None), None),
+    sampling: dict[str, Any] = {
         "temperature": body.temperature,
         "top_k": body.top_k,
         "top_p": body.top_p,
@@ -369,12 +370,22 @@ def sampling_params(
         "repeat_last_n": body.repeat_last_n,
         "presence_penalty": body.presence_penalty,
         "frequency_penalty": body.frequency_penalty,
-        "stop": [body.stop] if isinstance(body.stop, str) else body.stop,
         "ignore_eos": body.ignore_eos,
         "grammar": grammar,
         "grammar_trigger": grammar_trigger,
     }
-    return dataclasses.replace(defaults, **{k: v for k, v in given.items() if v is not None})
+    n_top = body.n_top_logprobs()
+    own: dict[str, Any] = {
+        "max_tokens": next((n for n in (body.n_predict, body.max_completion_tokens, body.max_tokens) if n is not None), None),
+        "stop": (body.stop,) if isinstance(body.stop, str) else None if body.stop is None else tuple(body.stop),
+        "cache_prompt": body.cache_prompt,
+        "id_slot": None if body.id_slot < 0 else body.id_slot,
+        "n_probs": 0 if n_top is None else max(n_top, 1),  # the engine computes logprobs only when n_probs > 0
+        "n_keep": body.n_keep,
+        "n_cache_reuse": body.n_cache_reuse,
+        "sampling": dataclasses.replace(defaults.sampling, **{k: v for k, v in sampling.items() if v is not None}),
+    }
+    return dataclasses.replace(defaults, **{k: v for k, v in own.items() if v is not None or k == "id_slot"})
 
 
 def check_tokens(tokens: list[int], n_vocab: int, field: str) -> list[int]:

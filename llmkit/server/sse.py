@@ -229,7 +229,7 @@ class NativeFormatter:
 
     def generation_settings(self, request: Request) -> dict:
         """The request's settings, as far as llmkit has them (task_params::to_json names and order)."""
-        p = request.params
+        r, p = request.params, request.params.sampling
         return {
             "seed": LLAMA_DEFAULT_SEED if p.seed is None else p.seed,
             "temperature": p.temperature,
@@ -240,12 +240,12 @@ class NativeFormatter:
             "repeat_penalty": p.repeat_penalty,
             "presence_penalty": p.presence_penalty,
             "frequency_penalty": p.frequency_penalty,
-            "stop": p.stop,
-            "max_tokens": p.max_tokens,
-            "n_predict": p.max_tokens,
+            "stop": list(r.stop),
+            "max_tokens": r.max_tokens,
+            "n_predict": r.max_tokens,
             "ignore_eos": p.ignore_eos,
             "stream": self.stream,
-            "n_probs": request.n_probs,
+            "n_probs": r.n_probs,
             "grammar": p.grammar or "",
         }
 

@@ -1,8 +1,9 @@
 """What every route of the slot server reads: the settings, the engine, the embedder, the model's name.
 
-``ServingEngine`` is the engine as the routes see it, a ``typing.Protocol``:
-``llmkit.engine.Engine`` is one, the scripted engine of tests/test_server_app.py
-another. ``ServerState`` is created once per app (``app.state.server``); a
+``ServingEngine`` is the engine as the routes see it, a ``typing.Protocol``: its
+model, ``submit``, a frozen ``status()`` snapshot and ``close``; nothing else of
+the engine is reached from an HTTP thread. ``llmkit.engine.Engine`` is one, the
+scripted engine of tests/test_server_app.py another. ``ServerState`` is created once per app (``app.state.server``); a
 route asks for it with a ``state: State`` parameter (a FastAPI dependency).
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Protocol, runtime_checkable
 
@@ -19,10 +20,8 @@ from fastapi import Depends, Request
 from prometheus_client import CollectorRegistry
 
 import llmkit
+from llmkit.engine import EngineStatus, RequestParams
 from llmkit.engine import Request as EngineRequest
-from llmkit.engine.engine import Counters
-from llmkit.engine.prompt_cache import PromptCache
-from llmkit.engine.slot import Slot
 from llmkit.llama import Model, SamplingParams
 from llmkit.server import metrics
 from llmkit.server.errors import ApiError
@@ -49,48 +48,21 @@ class Settings:
     max_body_size: int = 10 * 2**20
     n_threads: int | None = None  # for the embedding context
 
-    def sampling_defaults(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, seed=self.seed, max_tokens=self.n_predict)
+    def request_defaults(self) -> RequestParams:
+        return RequestParams(max_tokens=self.n_predict, sampling=SamplingParams(temperature=self.temperature, seed=self.seed))
 
 
 @runtime_checkable
 class ServingEngine(Protocol):
-    """What the routes ask of the engine: its model and slots, ``submit``, the counters ``/metrics`` reads, ``close``."""
+    """What the routes ask of the engine: its model, ``submit``, a ``status()`` snapshot (``/slots``, ``/metrics``,
+    ``/props``), ``close``."""
 
     @property
     def model(self) -> Model: ...
-    @property
-    def slots(self) -> Sequence[Slot]: ...
-    @property
-    def n_ctx_slot(self) -> int: ...
-    @property
-    def step_tokens(self) -> int: ...
-    @property
-    def kv_unified(self) -> bool: ...
-    @property
-    def prompt_cache(self) -> PromptCache | None: ...
-    @property
-    def cache_reuse(self) -> int: ...
-    @property
-    def context_shift(self) -> bool: ...
-    @property
-    def counters(self) -> Counters: ...
-    @property
-    def n_busy(self) -> int: ...
-    @property
-    def n_waiting(self) -> int: ...
 
-    def submit(
-        self,
-        prompt: list[int],
-        params: SamplingParams,
-        *,
-        cache_prompt: bool = True,
-        id_slot: int | None = None,
-        n_probs: int = 0,
-        n_keep: int = 0,
-        n_cache_reuse: int | None = None,
-    ) -> EngineRequest: ...
+    def submit(self, prompt: list[int], params: RequestParams | None = None) -> EngineRequest: ...
+
+    def status(self) -> EngineStatus: ...
 
     def close(self) -> None: ...
 
@@ -124,7 +96,8 @@ class ServerState:
 
         self.embedder = Embedder(engine.model, n_threads=self.settings.n_threads)
         self.loaded = engine
-        log.info("model %s ready: %d slots of %d tokens", self.model_name, len(engine.slots), engine.n_ctx_slot)
+        status = engine.status()
+        log.info("model %s ready: %d slots of %d tokens", self.model_name, len(status.slots), status.n_ctx_slot)
 
     def load(self, loader: Callable[[], ServingEngine]) -> None:
         """Call ``loader`` (in a worker thread, at start-up); a failure is kept, and answered as a 500 from then on."""

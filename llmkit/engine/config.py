@@ -1,0 +1,63 @@
+"""The engine's settings in one place: ``EngineConfig`` (~ the part of llama-server's ``common_params`` its flags
+set for the slots). The CLI builds one from its flags, the engine checks it once, ``/props`` reports it.
+
+    Engine(model, EngineConfig(n_parallel=2, n_ctx=4096))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+# Tokens per step, by default (chosen by measurement on 2 CPU cores: see README, "Stall-free batching"):
+# a step that reads a prompt chunk costs about as much as its tokens, so this bounds the pause that a burst
+# of long prompts puts between two tokens of a running stream.
+DEFAULT_STEP_TOKENS = 128
+AUTO_PARALLEL = 4  # slots of n_parallel=-1 (auto), as llama-server's -np -1
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Each field is a llama-server flag (named in its comment), with its default, but for ``step_tokens``.
+
+    ``n_ctx`` is the TOTAL context. As llama-server, ``n_parallel=-1`` (auto) means 4 slots
+    on a unified KV cache: each slot may use all of ``n_ctx``, and idle slots are cleared
+    when it runs out. An explicit ``n_parallel`` gives each slot ``n_ctx // n_parallel``
+    tokens in its own KV stream (``kv_unified=False``).
+
+    ``step_tokens`` (llmkit's own) is the token budget of one step while streams run
+    (``scheduler.build_batch``): running streams first, then prompt chunks. 0 puts up to
+    ``n_batch`` prompt tokens in a step, as llama-server does, and running streams wait for it.
+
+    The KV cache, as llama-server (the caching chapter shows each): ``cache_ram_mib``
+    bounds the host-RAM prompt cache (0: off, -1: no limit in bytes); ``cache_idle_slots``
+    copies idle slots to it when a request starts; ``cache_reuse`` > 0 moves cached chunks
+    of at least that many tokens into place; ``context_shift`` lets a generation go past a
+    full slot by dropping tokens after ``n_keep``.
+    """
+
+    n_parallel: int = -1  # -np
+    n_ctx: int = 8192  # -c
+    n_batch: int = 2048  # -b
+    n_threads: int | None = None  # -t (None: every core)
+    kv_unified: bool | None = None  # -kvu (None: on with -np auto, off with -np N)
+    step_tokens: int = DEFAULT_STEP_TOKENS
+    cache_ram_mib: int = 8192  # --cache-ram
+    cache_idle_slots: bool = True  # --cache-idle-slots
+    cache_reuse: int = 0  # --cache-reuse
+    context_shift: bool = False  # --context-shift
+
+    def resolved(self) -> EngineConfig:
+        """Checked (``ValueError`` says what is wrong), with the automatic settings made concrete."""
+        if self.n_parallel == 0 or self.n_parallel < -1:
+            raise ValueError(f"n_parallel must be -1 (auto) or at least 1, not {self.n_parallel}")
+        n_parallel = AUTO_PARALLEL if self.n_parallel == -1 else self.n_parallel
+        if self.step_tokens and self.step_tokens < 2 * n_parallel:  # room for every running stream and a prompt chunk
+            raise ValueError(f"step_tokens must be 0 (no budget) or at least 2 x n_parallel = {2 * n_parallel}, not {self.step_tokens}")
+        if self.n_ctx < n_parallel or self.n_batch < 1:
+            raise ValueError(f"n_ctx ({self.n_ctx}) must hold a token per slot, and n_batch ({self.n_batch}) be at least 1")
+        if self.cache_reuse < 0:
+            raise ValueError(f"cache_reuse must be 0 (off) or a number of tokens, not {self.cache_reuse}")
+        kv_unified = self.n_parallel == -1 if self.kv_unified is None else self.kv_unified
+        return replace(
+            self, n_parallel=n_parallel, kv_unified=kv_unified, cache_idle_slots=self.cache_idle_slots and self.cache_ram_mib != 0
+        )

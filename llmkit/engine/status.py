@@ -1,0 +1,134 @@
+"""What the engine tells about itself: totals, steps, and a frozen snapshot of its state.
+
+``Engine.status()`` returns an ``EngineStatus``: values, not live objects, so the
+server's ``/slots``, ``/metrics`` and ``/props`` (and a notebook between two steps)
+read it without reaching into the engine while its thread runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import NamedTuple
+
+from llmkit.engine.config import EngineConfig
+from llmkit.engine.request import Timings
+from llmkit.engine.slot import Slot
+
+
+@dataclass
+class Counters:
+    """Engine-wide totals since start (what ``/metrics`` exposes, llama-server's names)."""
+
+    prompt_tokens_total: int = 0  # prompt tokens evaluated (cache hits not included)
+    prompt_seconds_total: float = 0.0
+    prompt_tokens_cached_total: int = 0
+    tokens_predicted_total: int = 0
+    tokens_predicted_seconds_total: float = 0.0
+    n_decode_total: int = 0
+    n_busy_slots_total: int = 0  # summed over decodes: / n_decode_total = busy slots per decode
+    n_tokens_decoded_total: int = 0  # batch sizes summed over decodes
+    batch_prompt_tokens_total: int = 0  # of which prompt tokens ...
+    batch_generated_tokens_total: int = 0  # ... and tokens sampled the step before (one per generating slot)
+    decode_seconds_total: float = 0.0  # time inside llama_decode
+    step_seconds_total: float = 0.0  # whole steps: decode + Python bookkeeping
+    requests_finished_total: int = 0
+    requests_failed_total: int = 0
+
+    def snapshot(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def copy(self) -> Counters:
+        return replace(self)
+
+    def record_finish(self, t: Timings, *, ok: bool) -> None:
+        """A request left its slot: add its timings (llama-server: metrics_on_prediction)."""
+        self.prompt_tokens_total += t.prompt_n
+        self.prompt_seconds_total += t.prompt_ms / 1e3
+        self.prompt_tokens_cached_total += t.cache_n
+        self.tokens_predicted_total += t.predicted_n
+        self.tokens_predicted_seconds_total += t.predicted_ms / 1e3
+        self.requests_finished_total += ok
+
+    def record_failure(self) -> None:
+        self.requests_failed_total += 1
+
+    def record_step(self, step: StepRecord) -> None:
+        self.n_decode_total += 1
+        self.n_busy_slots_total += step.n_slots
+        self.n_tokens_decoded_total += step.n_prompt + step.n_generated
+        self.batch_prompt_tokens_total += step.n_prompt
+        self.batch_generated_tokens_total += step.n_generated
+        self.decode_seconds_total += step.decode_seconds
+        self.step_seconds_total += step.seconds
+
+
+class Share(NamedTuple):
+    """One slot's part of a step's batch."""
+
+    slot: int
+    n_tokens: int
+    is_prompt: bool  # prompt tokens (else the token sampled the step before)
+    sampled: bool  # the step sampled a token for it
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One engine step: when, how long, and what its batch held (``Engine.steps`` keeps the last ones)."""
+
+    t: float  # time.perf_counter() at the start of the step
+    seconds: float  # the whole step
+    decode_seconds: float  # of which inside llama_decode
+    n_prompt: int  # prompt tokens in the batch
+    n_generated: int  # tokens of generating slots in the batch
+    n_slots: int  # slots with a token in the batch
+    batch: tuple[Share, ...] = ()  # who put what in it, in batch order
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """The request running on a slot, as ``GET /slots`` shows it (llama-server's names)."""
+
+    id_task: int
+    status: str  # "prompt" | "generating"
+    n_prompt_tokens: int
+    n_prompt_tokens_cache: int  # reused from the slot's KV cache
+    n_prompt_tokens_processed: int  # evaluated so far
+    n_decoded: int  # tokens generated so far
+    params: dict  # RequestParams.to_dict()
+
+
+@dataclass(frozen=True)
+class SlotStatus:
+    id: int
+    n_ctx: int  # this slot's share of the context
+    n_cached: int  # tokens in its KV cache
+    n_restored: int  # prompts brought back from the prompt cache
+    job: JobStatus | None  # None: idle
+
+    @classmethod
+    def of(cls, slot: Slot) -> SlotStatus:
+        job = slot.job  # read once: the engine thread may end it meanwhile
+        if job is None:
+            return cls(slot.id, slot.n_ctx, slot.n_past, slot.n_restored, None)
+        r = job.request
+        running = JobStatus(
+            r.id, r.status.value, len(r.prompt), r.timings.cache_n, job.n_prompt_done - r.timings.cache_n, len(r.output), r.params.to_dict()
+        )
+        return cls(slot.id, slot.n_ctx, slot.n_past, slot.n_restored, running)
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    config: EngineConfig  # the settings in effect
+    slots: tuple[SlotStatus, ...]
+    n_waiting: int  # requests queued for a slot
+    counters: Counters  # a copy
+    prompt_cache: dict | None  # PromptCache.to_dict(), None when off
+
+    @property
+    def n_busy(self) -> int:
+        return sum(s.job is not None for s in self.slots)
+
+    @property
+    def n_ctx_slot(self) -> int:
+        return self.slots[0].n_ctx
