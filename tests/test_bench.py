@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import ast
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from llmkit import bench, client
 from llmkit.bench.prompts import QUESTION, REVIEWS
+from llmkit.bench.scenarios import ApiStreaming, Measured
 from llmkit.bench.servers import OpenAIServer, through
 from llmkit.cli import build_parser
 
@@ -77,14 +79,14 @@ def test_bench_tiny_run(tmp_path):
     burst = markdown_table(saved, "| server | running")
     assert [(row[0], row[1], row[2]) for row in burst[1:]] == [(s, "1", "2") for s in SERVERS[1:]]
     for scene in results.arrivals:  # two arrivals' first tokens, gaps of the running stream while they were read
-        assert scene["arrival_ttft_max_ms"] >= scene["arrival_ttft_median_ms"] > 0 and scene["tokens_per_s"] > 0
-        if scene["server"] != "sequential":  # the sequential server reads the arrivals after the stream: no gap
-            assert scene["gap_max_ms"] >= scene["gap_p99_ms"] >= scene["gap_p50_ms"] > 0
-    assert "## Soak (memory, --cache-ram 64)" in saved and results.soak["requests"] == 6 and len(results.soak["samples"]) == 3
+        assert scene.arrival_ttft_max_ms >= scene.arrival_ttft_median_ms > 0 and scene.tokens_per_s > 0
+        if scene.server != "sequential":  # the sequential server reads the arrivals after the stream: no gap
+            assert scene.gap_max_ms >= scene.gap_p99_ms >= scene.gap_p50_ms > 0
+    assert "## Soak (memory, --cache-ram 64)" in saved and results.soak.requests == 6 and len(results.soak.samples) == 3
     caching = markdown_table(saved, "| server | cold first token")
     assert [row[0] for row in caching[1:]] == ["slots", "llama-server"]
     for scene in results.kv_cache:  # both servers bring the prefix back from RAM and move the edited chat's chunk
-        assert scene["ram_cached_tokens"] >= 50 and scene["edited_read_share"] < 0.5, scene
+        assert scene.ram_cached_tokens >= 50 and scene.edited_read_share < 0.5, scene
 
     targets = markdown_table(saved, "| target |")
     assert all(row[2] in ("PASS", "FAIL", "n/a", "info") for row in targets[1:])
@@ -101,12 +103,12 @@ def test_bench_tiny_run(tmp_path):
     assert apis[0] == API_COLUMNS and all(len(row) == len(API_COLUMNS) for row in apis)
     expected = [(s, c, a) for s in ("slots", "llama-server") for c in (1, 2) for a in ("chat", "responses", "messages")]
     assert [(row[0], int(row[1]), row[2]) for row in apis[1:]] == expected
-    assert [(a["server"], a["streams"], a["api"]) for a in results.apis] == expected
+    assert [(a.server, a.streams, a.api) for a in results.apis] == expected
     for a in results.apis:  # Messages has no ignore_eos: the prompt's answer runs past the budget, counted from its usage
-        assert a["rounds"] == 2 and a["tokens"] == a["min_tokens"] == a["budget"] == 8 * a["streams"], a
-        assert a["tokens_per_s"] > 0 and a["cpu_ms_per_token"] > 0 and a["ttft_median_ms"] > 0
-        assert a["ratio_low"] <= a["ratio"] <= a["ratio_high"] and len(a["ratios"]) == 2
-        assert a["ratio"] == 1.0 if a["api"] == "chat" else a["ratio"] > 0
+        assert a.rounds == 2 and a.tokens == a.min_tokens == a.budget == 8 * a.streams, a
+        assert a.tokens_per_s > 0 and a.cpu_ms_per_token > 0 and a.ttft_median_ms > 0
+        assert a.ratio_low <= a.ratio <= a.ratio_high and len(a.ratios) == 2
+        assert a.ratio == 1.0 if a.api == "chat" else a.ratio > 0
     verdicts = {row[0]: (row[1], row[2]) for row in targets[1:]}
     for level in (1, 2):
         for api in ("responses", "messages"):  # measured; at this size the noise may be more than the margin: then not judged
@@ -119,19 +121,21 @@ def test_bench_tiny_run(tmp_path):
     greedy = results.greedy
     assert "## Greedy answers alone vs batched" in saved
     drift = markdown_table(saved, "| review | batched runs")
-    assert len(drift) == 1 + 8 + 1 and drift[-1] == ["any of the 8", f"{greedy['runs_with_difference']} of 2"]
-    assert greedy["runs"] == 2 and greedy["max_tokens"] == 16 and len(greedy["reviews"]) == 8
-    assert all(0 <= r["differed"] <= 2 and r["alone"] for r in greedy["reviews"])
-    assert max(r["differed"] for r in greedy["reviews"]) <= greedy["runs_with_difference"] <= 2
-    assert 1 <= greedy["batch_schedules"] <= 2 and greedy["seconds"] > 0
-    assert greedy["alone_twice_identical"] and greedy["alone_twice_differed"] == 0  # the same batch shapes: the same answers
+    assert len(drift) == 1 + 8 + 1 and drift[-1] == ["any of the 8", f"{greedy.runs_with_difference} of 2"]
+    assert greedy.runs == 2 and greedy.max_tokens == 16 and len(greedy.reviews) == 8
+    assert all(0 <= r.differed <= 2 and r.alone for r in greedy.reviews)
+    assert max(r.differed for r in greedy.reviews) <= greedy.runs_with_difference <= 2
+    assert 1 <= greedy.batch_schedules <= 2 and greedy.seconds > 0
+    assert greedy.alone_twice_identical and greedy.alone_twice_differed == 0  # the same batch shapes: the same answers
     assert [row[2] for row in targets if row[0].startswith("greedy answers alone vs batched")] == ["info"]
 
     assert results.plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads((tmp_path / "results.json").read_text())
     assert len(data["rows"]) == 10 and len(data["arrivals"]) == 4 and len(data["kv_cache"]) == 2 and data["config"]["max_tokens"] == 8
-    assert data["greedy"]["runs"] == 2 and data["greedy"]["reviews"] == greedy["reviews"] and data["config"]["greedy_runs"] == 2
-    assert data["apis"] == results.apis and data["config"]["api_streams"] == [1, 2]
+    assert data["greedy"]["runs"] == 2 and data["config"]["greedy_runs"] == 2
+    assert data["greedy"]["reviews"] == [asdict(r) for r in greedy.reviews]
+    assert data["apis"] == [asdict(a) for a in results.apis] and data["config"]["api_streams"] == [1, 2]
+    assert [[t["target"], t["measured"], t["verdict"]] for t in data["targets"]] == targets[1:]  # the same lines as results.md
 
 
 def test_api_requests_and_named_events():
@@ -212,14 +216,16 @@ def test_bench_command_line():
 def test_api_targets_judge_against_chats_own_spread():
     """>= 0.97x chat's passes; below, it fails only beyond chat's own lowest round, else the run cannot tell (no model)."""
 
-    def entry(api: str, ratio: float, low: float, high: float) -> dict:
-        return {"server": "slots", "api": api, "streams": 1, "ratio": ratio, "ratio_low": low, "ratio_high": high, "min_tokens": 8,
-                "budget": 8}  # fmt: skip
+    def entry(api: str, ratio: float, low: float, high: float) -> ApiStreaming:
+        return ApiStreaming(server="slots", api=api, streams=1, rounds=2, budget=8, tokens=8, min_tokens=8, seconds=1.0,
+                            tokens_per_s=8.0, ttft_median_ms=None, stream_tokens_per_s=None, cpu_ms_per_token=None, ratio=ratio,
+                            ratio_low=low, ratio_high=high, ratios=[low, high])  # fmt: skip
 
     def verdicts(chat_low: float, responses: float, messages: float) -> dict[str, tuple[str, str]]:
         apis = [entry("chat", 1.0, chat_low, 1.01), entry("responses", responses, 0.9, 1.1), entry("messages", messages, 0.9, 1.1)]
-        targets = bench.report.judge([], [], None, bench.Config(concurrency=(1,), api_streams=(1,)), apis=apis)
-        return {t.split(":")[0].removeprefix("slots streaming through "): (m, v) for t, m, v in targets if "streaming through" in t}
+        targets = bench.report.judge(Measured(apis=apis), bench.Config(concurrency=(1,), api_streams=(1,)))
+        streaming = [t for t in targets if "streaming through" in t.name]
+        return {t.name.split(":")[0].removeprefix("slots streaming through "): (t.measured, t.verdict) for t in streaming}
 
     assert {k: v for k, (_, v) in verdicts(0.99, 0.98, 0.95).items()} == {"responses": "PASS", "messages": "FAIL"}
     judged = verdicts(0.90, 1.0, 0.95)

@@ -42,7 +42,7 @@ The package, one role per module:
     servers    SequentialServer, OpenAIServer: each kind's request and stream; starting them
     raw        RawDecoder: the same work on llama.cpp alone
     scenarios  what is measured: all_levels, api_streaming, prefix_reuse, arrivals, kv_cache, soak, greedy_drift
-    report     tables, plot, targets
+    report     tables, plot, targets, and the files written
     run() (here) runs them all and writes the results
 """
 
@@ -51,126 +51,120 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
 from llmkit import launch
 from llmkit.bench import report
-from llmkit.bench.config import API_RATIO, CACHE_REUSE, NO_BUDGET, RAW, SOAK_CACHE_RAM_MIB, BenchError, Config
+from llmkit.bench.config import CACHE_REUSE, NO_BUDGET, RAW, SOAK_CACHE_RAM_MIB, BenchError, Config
 from llmkit.bench.prompts import LANG, TEXTS, chat_prompt, edited_chat, long_system_prompt, long_text
 from llmkit.bench.raw import RawDecoder
-from llmkit.bench.scenarios import Row, all_levels, api_streaming, arrivals, greedy_drift, kv_cache, prefix_reuse, soak
+from llmkit.bench.report import Target
+from llmkit.bench.scenarios import (
+    Arrivals,
+    KvCache,
+    Measured,
+    PrefixReuse,
+    Row,
+    Soak,
+    all_levels,
+    api_streaming,
+    arrivals,
+    greedy_drift,
+    kv_cache,
+    prefix_reuse,
+    soak,
+)
 from llmkit.bench.servers import OpenAIServer, SequentialServer, Server, server_flags, start_servers
 
 __all__ = [
-    "LANG", "NO_BUDGET", "RAW", "TEXTS", "BenchError", "Config", "OpenAIServer", "RawDecoder", "Results", "Row",
-    "SequentialServer", "Server", "chat_prompt", "long_system_prompt", "long_text", "run",
+    "LANG", "NO_BUDGET", "RAW", "TEXTS", "BenchError", "Config", "Measured", "OpenAIServer", "RawDecoder", "Results", "Row",
+    "SequentialServer", "Server", "Target", "chat_prompt", "long_system_prompt", "long_text", "run",
 ]  # fmt: skip
 
 
-@dataclass
-class Results:
-    rows: list[Row]
-    prefix: list[dict]
-    soak: dict | None
-    targets: list[tuple[str, str, str]]
+@dataclass(kw_only=True)
+class Results(Measured):
+    """What was measured, the targets judged on it, and what was written: results.md's text and where it and the plot are."""
+
+    targets: list[Target]
     markdown: str
     table_path: Path
     plot_path: Path
-    arrivals: list[dict] = field(default_factory=list)
-    kv_cache: list[dict] = field(default_factory=list)
-    greedy: dict | None = None
-    apis: list[dict] = field(default_factory=list)
 
 
 def run(cfg: Config) -> Results:
     """Every scenario on every server not skipped; the tables, plot and JSON written to ``cfg.out``."""
     cfg.out.mkdir(parents=True, exist_ok=True)
-    prefix, burst, caching, soaked, apis = [], [], [], None, []
+    measured = measure(cfg)
+    targets = report.judge(measured, cfg)
+    plot_path, table_path = cfg.out / "bench.png", cfg.out / "results.md"
+    if measured.rows:
+        report.plot(measured.rows, plot_path)
+    markdown = report.markdown(measured, targets, cfg)
+    table_path.write_text(markdown)
+    (cfg.out / "results.json").write_text(json.dumps(report.data(measured, targets, cfg), indent=2))
+    return Results(**vars(measured), targets=targets, markdown=markdown, table_path=table_path, plot_path=plot_path)
+
+
+def measure(cfg: Config) -> Measured:
+    """The scenarios not skipped: first those on the servers started together (and the raw loop), then those that
+    start servers of their own, then the in-process one, when no server is running and the engine has the cores."""
+    m = Measured()
     with contextlib.ExitStack() as stack:
         raw = None
         if "raw" not in cfg.skip and "levels" not in cfg.skip:
             raw = RawDecoder(cfg)
             stack.callback(raw.close)
         servers = start_servers(cfg, stack)
-        rows = asyncio.run(all_levels(servers, raw, cfg)) if "levels" not in cfg.skip else []
+        if "levels" not in cfg.skip:
+            m.rows = asyncio.run(all_levels(servers, raw, cfg))
         if cfg.api_levels and "apis" not in cfg.skip:
-            apis = asyncio.run(api_streaming(servers, cfg))
+            m.apis = asyncio.run(api_streaming(servers, cfg))
         if "prefix" not in cfg.skip:
-            system = long_system_prompt(cfg.model, cfg.prefix_tokens)
-            for server in tqdm(servers, desc="prefix reuse", leave=False):
-                prefix.append(asyncio.run(prefix_reuse(server, system, cfg)))
+            m.prefix = prefix_runs(servers, cfg)
         if cfg.arrivals and "arrivals" not in cfg.skip:
-            scenes = [(server, k) for k in cfg.arrivals for server in servers]
-            for server, k in tqdm(scenes, desc="arrivals", leave=False):  # new prompts each time: nothing cached
-                tag = uuid.uuid4().hex[:12]
-                prompts = [long_text(cfg.model, cfg.arrival_tokens, f"Log {tag}-{j}") for j in range(cfg.arrival_prompts)]
-                burst.append(asyncio.run(arrivals(server, k, prompts, cfg)))
+            m.arrivals = arrival_runs(servers, cfg)
     if "kv-cache" not in cfg.skip:
-        system = long_system_prompt(cfg.model, cfg.prefix_tokens)
-        history, shortened = edited_chat(cfg.model, cfg.chat_tokens)
-        for kind in ("slots", "llama-server"):
-            if kind not in cfg.skip:
-                with launch.serve(kind, "-np", "2", "-c", "4096", "--cache-reuse", str(CACHE_REUSE), *server_flags(cfg)) as p:
-                    caching.append(asyncio.run(kv_cache(OpenAIServer(kind, p.url), system, history, shortened)))
-    if cfg.soak:  # distinct prompts fill the prompt cache to its limit, then evict
-        with launch.serve("slots", "-np", "4", "-c", "8192", "--cache-ram", str(SOAK_CACHE_RAM_MIB), *server_flags(cfg)) as p:
-            soaked = asyncio.run(soak(OpenAIServer("slots (4 x 2048)", p.url, pid=p.process.pid), cfg))
-    greedy = greedy_drift(cfg) if cfg.greedy_runs else None  # no server running: the engine has the cores to itself
-    targets = report.judge(rows, prefix, soaked, cfg, burst, caching, greedy, apis)
-    plot_path, table_path = cfg.out / "bench.png", cfg.out / "results.md"
-    if rows:
-        report.plot(rows, plot_path)
-    parts = [
-        f"# llmkit bench: {max(cfg.concurrency)} streams max, {cfg.max_tokens} tokens each, threads {cfg.threads or os.cpu_count()}, "
-        f"median of {cfg.rounds} round{'s' * (cfg.rounds > 1)}",
-        "## Throughput and latency\n\n" + report.table(rows),
-    ]
-    if apis:
-        parts.append(
-            f"## Streaming through each chat API ({cfg.max_tokens} tokens per stream, median of {cfg.api_rounds} rounds)\n\n"
-            "The same greedy prompt through chat, Responses and Messages, back to back in every round (chat and Responses with "
-            "ignore_eos; Messages has none, and the prompt's answer runs past the budget); tokens from each API's usage. "
-            "/ chat: the median of the ratios to chat's tok/s in the same round; range: their lowest and highest (for chat, its "
-            "rounds against their median: what the machine alone moves). Server CPU: the server process's CPU time per generated "
-            f"token. Target: on the slot server, >= {API_RATIO}x chat; a ratio below that fails only if it is also below chat's "
-            "own lowest round (else this run cannot tell, and says so).\n\n" + report.apis_table(apis)
-        )
-    if prefix:
-        parts.append(f"## Prefix reuse (~{cfg.prefix_tokens}-token shared prefix, first token only)\n\n" + report.prefix_table(prefix))
-    if burst:
-        parts.append(
-            f"## Arrivals ({cfg.arrival_prompts} prompts of ~{cfg.arrival_tokens} tokens at once while streams run)\n\n"
-            + report.arrivals_table(burst)
-        )
-    if caching:
-        parts.append(f"## KV cache beyond one slot (2 slots, --cache-reuse {CACHE_REUSE})\n\n" + report.kv_cache_table(caching))
-    if soaked:
-        parts.append(f"## Soak (memory, --cache-ram {SOAK_CACHE_RAM_MIB})\n\n" + report.soak_table(soaked))
-    if greedy:
-        parts.append(
-            "## Greedy answers alone vs batched\n\n"
-            f"Chapter 6's {len(greedy['reviews'])} reviews, unconstrained, temperature 0, at most {greedy['max_tokens']} tokens, on an "
-            f"in-process Engine with {greedy['slots']} slots of one KV stream each: every review answered alone, then "
-            f"{greedy['runs']} times all {len(greedy['reviews'])} at once.\n\n" + report.greedy_table(greedy)
-        )
-    parts.append("## Targets\n\n" + report.targets_table(targets))
-    markdown = "\n\n".join(parts) + "\n"
-    table_path.write_text(markdown)
-    data = {
-        "config": {**asdict(cfg), "out": str(cfg.out), "skip": sorted(cfg.skip)},
-        "rows": [asdict(r) for r in rows],
-        "prefix": prefix,
-        "arrivals": burst,
-        "kv_cache": caching,
-        "soak": soaked,
-        "greedy": greedy,
-        "apis": apis,
-        "targets": targets,
-    }
-    (cfg.out / "results.json").write_text(json.dumps(data, indent=2))
-    return Results(rows, prefix, soaked, targets, markdown, table_path, plot_path, burst, caching, greedy, apis)
+        m.kv_cache = kv_cache_runs(cfg)
+    if cfg.soak:
+        m.soak = soak_run(cfg)
+    if cfg.greedy_runs:
+        m.greedy = greedy_drift(cfg)
+    return m
+
+
+def prefix_runs(servers: list[Server], cfg: Config) -> list[PrefixReuse]:
+    system = long_system_prompt(cfg.model, cfg.prefix_tokens)
+    return [asyncio.run(prefix_reuse(server, system, cfg)) for server in tqdm(servers, desc="prefix reuse", leave=False)]
+
+
+def arrival_runs(servers: list[Server], cfg: Config) -> list[Arrivals]:
+    """Every level of ``cfg.arrivals`` on every server, new prompts each time: nothing cached."""
+    out = []
+    for server, k in tqdm([(server, k) for k in cfg.arrivals for server in servers], desc="arrivals", leave=False):
+        tag = uuid.uuid4().hex[:12]
+        prompts = [long_text(cfg.model, cfg.arrival_tokens, f"Log {tag}-{j}") for j in range(cfg.arrival_prompts)]
+        out.append(asyncio.run(arrivals(server, k, prompts, cfg)))
+    return out
+
+
+def kv_cache_runs(cfg: Config) -> list[KvCache]:
+    """The slot server and llama-server (unless skipped), each started alone with 2 slots and ``--cache-reuse``."""
+    system = long_system_prompt(cfg.model, cfg.prefix_tokens)
+    history, shortened = edited_chat(cfg.model, cfg.chat_tokens)
+    out = []
+    for kind in ("slots", "llama-server"):
+        if kind not in cfg.skip:
+            with launch.serve(kind, "-np", "2", "-c", "4096", "--cache-reuse", str(CACHE_REUSE), *server_flags(cfg)) as p:
+                out.append(asyncio.run(kv_cache(OpenAIServer(kind, p.url), system, history, shortened)))
+    return out
+
+
+def soak_run(cfg: Config) -> Soak:
+    """A slot server of 4 slots and a small ``--cache-ram``: distinct prompts fill the prompt cache to its limit, then evict."""
+    with launch.serve("slots", "-np", "4", "-c", "8192", "--cache-ram", str(SOAK_CACHE_RAM_MIB), *server_flags(cfg)) as p:
+        return asyncio.run(soak(OpenAIServer("slots (4 x 2048)", p.url, pid=p.process.pid), cfg))

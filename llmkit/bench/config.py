@@ -9,7 +9,6 @@ RAW = "raw decode (no server)"  # the row name of the raw loop
 NO_BUDGET = "slots, no budget"  # the slot server with --step-tokens 0
 CACHE_REUSE = 64  # --cache-reuse of the kv_cache scenario's servers (llama-server's presets use 256)
 SOAK_CACHE_RAM_MIB = 64  # --cache-ram of the soak's server: small, so that 1000 distinct prompts must evict
-API_RATIO = 0.97  # API streaming cost: Responses and Messages tok/s >= this x chat's, on the slot server
 GREEDY_SLOTS = 4  # the greedy-drift engine's slots (explicit n_parallel: one KV stream each), as chapter 6's server
 
 

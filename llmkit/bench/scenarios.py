@@ -8,11 +8,13 @@
     soak          many short requests, the server's resident memory sampled as they go
     greedy_drift  in-process, no server: do greedy answers alone and batched (one KV stream per slot) agree?
 
-A new scenario is an async function here that takes a ``Server`` (and the
-``Config``) and returns a dict of numbers; ``llmkit.bench.run`` calls it for
-every server, ``report`` turns its results into a table and, if it has a
-target, a line of ``judge``. (``greedy_drift`` is about llama.cpp's numbers,
-not a server's: it runs once, on an ``Engine`` of its own.)
+Each scenario returns its numbers in a dataclass named after it (``prefix_reuse``
+-> ``PrefixReuse``, ``all_levels`` -> ``Row``), one per server (and level), and
+``Measured`` holds them all for one run. A new scenario is an async function here
+that takes a ``Server`` (and the ``Config``) and returns its dataclass;
+``llmkit.bench.run`` calls it for every server, ``report`` turns its results into
+a table and, if it has a target, a function of its targets. (``greedy_drift`` is
+about llama.cpp's numbers, not a server's: it runs once, on an ``Engine`` of its own.)
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ import itertools
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 from tqdm import tqdm
@@ -40,9 +42,18 @@ if TYPE_CHECKING:
     from llmkit.bench.raw import RawDecoder
 
 
+T = TypeVar("T")
+
+
 def ttft(s: StreamResult) -> float:
     """Seconds from sending to the first piece (to the end, if no piece came)."""
     return s.t_first - s.t_sent
+
+
+def rotated(items: Sequence[T], r: int) -> list[T]:
+    """``items`` starting at ``r`` (round ``r``'s order): rotated each round, nobody always goes first or last."""
+    k = r % len(items) if items else 0
+    return [*items[k:], *items[:k]]
 
 
 # --- concurrency levels ---------------------------------------------------------------
@@ -60,6 +71,11 @@ class Row:
     stream_tokens_per_s: float | None = None
     busy_slots_per_decode: float | None = None
     python_share: float | None = None
+
+
+def median_run(rows: Sequence[Row]) -> Row:
+    """The round with the median aggregate tok/s (the upper one of an even count)."""
+    return sorted(rows, key=lambda row: row.tokens_per_s)[len(rows) // 2]
 
 
 async def one_level(http: httpx.AsyncClient, server: Server, n: int, cfg: Config, bar: tqdm, texts: Sequence[str] = TEXTS) -> Row:
@@ -123,12 +139,11 @@ async def all_levels(servers: list[Server], raw: RawDecoder | None, cfg: Config)
                         bar.set_postfix_str(f"{RAW} x{n}")
                         runs.setdefault((RAW, n), []).append(raw(n))
                         bar.update(n)
-                    shift = r % len(servers) if servers else 0  # rotate: nobody always goes last
-                    for server in servers[shift:] + servers[:shift]:
+                    for server in rotated(servers, r):
                         bar.set_postfix_str(f"{server.name} x{n}")
                         runs.setdefault((server.name, n), []).append(await one_level(http, server, n, cfg, bar))
     order = {RAW: -1} | {s.name: i for i, s in enumerate(servers)}
-    medians = [sorted(rows, key=lambda row: row.tokens_per_s)[len(rows) // 2] for rows in runs.values()]
+    medians = [median_run(rows) for rows in runs.values()]
     return sorted(medians, key=lambda row: (order[row.server], row.concurrency))
 
 
@@ -136,6 +151,29 @@ async def all_levels(servers: list[Server], raw: RawDecoder | None, cfg: Config)
 
 API_SERVERS = ("slots", "llama-server")  # the servers started here that speak all three chat APIs
 API_TEXT = TEXTS[0]  # its greedy translation repeats itself: runs past any budget, also where ignore_eos cannot be asked
+ApiRuns = dict[tuple[str, int, str], list[tuple[Row, float | None]]]  # (server, level, API) -> each round's row and CPU ms/token
+
+
+@dataclass(frozen=True)
+class ApiStreaming:
+    """One server, level and API of ``api_streaming``: the median round's numbers, and its tok/s against chat's."""
+
+    server: str
+    api: str  # "chat", "responses" or "messages"
+    streams: int
+    rounds: int
+    budget: int  # the tokens asked for: streams x max_tokens
+    tokens: int  # generated in the median round, counted from each API's usage
+    min_tokens: int  # the fewest of any round: below ``budget``, a stream ended before it
+    seconds: float
+    tokens_per_s: float
+    ttft_median_ms: float | None
+    stream_tokens_per_s: float | None
+    cpu_ms_per_token: float | None  # the server process's CPU time per generated token, median of the rounds (None: not started here)
+    ratio: float  # the median of the rounds' tok/s over chat's in the same round (chat: 1.0)
+    ratio_low: float  # the lowest and highest of those ratios; for chat, its rounds over their median: the machine's noise
+    ratio_high: float
+    ratios: list[float]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -145,7 +183,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
 
 
-async def api_streaming(servers: list[Server], cfg: Config) -> list[dict]:
+async def api_streaming(servers: list[Server], cfg: Config) -> list[ApiStreaming]:
     """Does streaming through the Responses or Messages API cost more than through chat? For each level
     ``n`` in ``cfg.api_levels``, every server of ``API_SERVERS`` streams the same ``n`` requests through
     each API (``servers.through``): the same greedy prompt (the translation of ``API_TEXT``) and budget
@@ -154,18 +192,21 @@ async def api_streaming(servers: list[Server], cfg: Config) -> list[dict]:
     counted from the usage it sends (``tokens`` shows any stream that ended early). Prompts are cached
     (Messages has no ``cache_prompt`` either): every API reads the same ~1 new prompt token per stream.
 
-    Noise: ``cfg.api_rounds`` rounds; in each, every server in turn streams through the three APIs back
-    to back (their order rotating), and each API's tok/s is divided by chat's of the same round. One dict
-    per server, level and API: the median round's numbers (as ``all_levels``), the server's CPU time per
-    generated token (servers started here; median of the rounds), and ``ratio`` (the median of the
-    per-round ratios to chat), ``ratio_low`` and ``ratio_high``; for chat, its own tok/s over the rounds
-    relative to its median (how much the machine alone moves a number).
+    Noise: ``cfg.api_rounds`` rounds (``api_rounds``); each API's tok/s is divided by chat's of the same
+    round (``api_summary``). One ``ApiStreaming`` per server, level and API.
     """
     servers = [s for s in servers if s.name in API_SERVERS]
     if not servers or not cfg.api_levels:
         return []
+    runs = await api_rounds(servers, cfg)
+    return [api_summary(runs, s.name, n, api, n * cfg.max_tokens) for s in servers for n in cfg.api_levels for api in APIS]
+
+
+async def api_rounds(servers: list[Server], cfg: Config) -> ApiRuns:
+    """Level by level and round by round, every server in turn streams through the three APIs back to back (both
+    orders rotating each round): {(server, level, API): [(its row, the server's CPU ms per token) for each round]}."""
     cached = dataclasses.replace(cfg, cache_prompt=True)
-    runs: dict[tuple[str, int, str], list[dict]] = {}
+    runs: ApiRuns = {}
     async with http_client(max(cfg.api_levels), keepalive=False) as http:  # back-to-back streams: no closing connection reused
         for server in servers:  # first-request costs are not measured; every slot holds the prompt
             await asyncio.gather(*(through(server, "chat").translate(http, API_TEXT, 4) for _ in range(max(cfg.api_levels))))
@@ -175,50 +216,68 @@ async def api_streaming(servers: list[Server], cfg: Config) -> list[dict]:
         with tqdm(total=total, desc="API streaming", unit="stream") as bar:
             for n in cfg.api_levels:
                 for r in range(cfg.api_rounds):
-                    for server in servers[r % len(servers) :] + servers[: r % len(servers)]:
-                        order = list(APIS)[r % len(APIS) :] + list(APIS)[: r % len(APIS)]  # rotate: no API always goes first
-                        for api in order:
+                    for server in rotated(servers, r):
+                        for api in rotated(list(APIS), r):  # no API always goes first
                             bar.set_postfix_str(f"{server.name} {api} x{n}")
-                            pid = server.pid
-                            cpu0 = cpu_seconds(pid) if pid else 0.0
-                            row = await one_level(http, through(server, api), n, cached, bar, texts=[API_TEXT])
-                            cpu_ms = 1e3 * (cpu_seconds(pid) - cpu0) / row.tokens if pid else None
-                            runs.setdefault((server.name, n, api), []).append(dataclasses.asdict(row) | {"cpu_ms_per_token": cpu_ms})
-    out = []
-    for server in servers:
-        for n in cfg.api_levels:
-            chat = [run["tokens_per_s"] for run in runs[(server.name, n, "chat")]]
-            for api in APIS:
-                mine = runs[(server.name, n, api)]
-                if api == "chat":  # the machine's noise: chat's rounds against their median
-                    ratios = [c / float(np.median(chat)) for c in chat]
-                else:
-                    ratios = [run["tokens_per_s"] / c for run, c in zip(mine, chat, strict=True)]
-                median = sorted(mine, key=lambda run: run["tokens_per_s"])[len(mine) // 2]
-                cpu = [run["cpu_ms_per_token"] for run in mine if run["cpu_ms_per_token"] is not None]
-                out.append(
-                    {key: median[key] for key in ("tokens", "seconds", "tokens_per_s", "ttft_median_ms", "stream_tokens_per_s")}
-                    | {
-                        "server": server.name,
-                        "api": api,
-                        "streams": n,
-                        "rounds": len(mine),
-                        "budget": n * cfg.max_tokens,
-                        "min_tokens": min(run["tokens"] for run in mine),
-                        "cpu_ms_per_token": float(np.median(cpu)) if cpu else None,
-                        "ratio": 1.0 if api == "chat" else float(np.median(ratios)),
-                        "ratio_low": min(ratios),
-                        "ratio_high": max(ratios),
-                        "ratios": ratios,
-                    }
-                )
-    return out
+                            run = await cpu_timed_level(http, through(server, api), n, cached, bar)
+                            runs.setdefault((server.name, n, api), []).append(run)
+    return runs
+
+
+async def cpu_timed_level(http: httpx.AsyncClient, server: Server, n: int, cfg: Config, bar: tqdm) -> tuple[Row, float | None]:
+    """``one_level`` on ``API_TEXT``, and the server's CPU milliseconds per generated token (None if it was not started here)."""
+    pid = server.pid
+    cpu0 = cpu_seconds(pid) if pid else 0.0
+    row = await one_level(http, server, n, cfg, bar, texts=[API_TEXT])
+    return row, 1e3 * (cpu_seconds(pid) - cpu0) / row.tokens if pid else None
+
+
+def api_summary(runs: ApiRuns, server: str, n: int, api: str, budget: int) -> ApiStreaming:
+    """One API's rounds: the median round's numbers (as ``all_levels``), the median CPU time per token, and the ratios
+    to chat's tok/s round by round; for chat itself, its rounds against their median (how much the machine alone moves)."""
+    mine = runs[(server, n, api)]
+    chat = [row.tokens_per_s for row, _ in runs[(server, n, "chat")]]
+    if api == "chat":
+        ratios = [c / float(np.median(chat)) for c in chat]
+    else:
+        ratios = [row.tokens_per_s / c for (row, _), c in zip(mine, chat, strict=True)]
+    median = median_run([row for row, _ in mine])
+    cpu = [ms for _, ms in mine if ms is not None]
+    return ApiStreaming(
+        server=server,
+        api=api,
+        streams=n,
+        rounds=len(mine),
+        budget=budget,
+        tokens=median.tokens,
+        min_tokens=min(row.tokens for row, _ in mine),
+        seconds=median.seconds,
+        tokens_per_s=median.tokens_per_s,
+        ttft_median_ms=median.ttft_median_ms,
+        stream_tokens_per_s=median.stream_tokens_per_s,
+        cpu_ms_per_token=float(np.median(cpu)) if cpu else None,
+        ratio=1.0 if api == "chat" else float(np.median(ratios)),
+        ratio_low=min(ratios),
+        ratio_high=max(ratios),
+        ratios=ratios,
+    )
 
 
 # --- prefix reuse -------------------------------------------------------------------------
 
 
-async def prefix_reuse(server: Server, system: str, cfg: Config) -> dict:
+@dataclass(frozen=True)
+class PrefixReuse:
+    """First-token times behind a new long prefix (cold) and behind the same prefix again (warm), medians."""
+
+    server: str
+    cold_ms: float
+    warm_ms: float
+    speedup: float  # cold / warm
+    cached_tokens: int | None  # the most prompt tokens a warm request's usage said were cached (None: not reported)
+
+
+async def prefix_reuse(server: Server, system: str, cfg: Config) -> PrefixReuse:
     """TTFT of the first request with a new long prefix (cold) vs the next ones sharing it (warm).
 
     OpenAI servers: the prefix is a system prompt, each request a new short question.
@@ -236,13 +295,27 @@ async def prefix_reuse(server: Server, system: str, cfg: Config) -> dict:
                 if j and s.cached_tokens is not None:
                     cached.append(s.cached_tokens)
     c, w = float(np.median(cold)), float(np.median(warm))
-    return {"server": server.name, "cold_ms": c, "warm_ms": w, "speedup": c / w, "cached_tokens": max(cached) if cached else None}
+    return PrefixReuse(server.name, c, w, c / w, max(cached) if cached else None)
 
 
 # --- the KV cache beyond one slot: the host-RAM prompt cache, cache reuse -------------------------
 
 
-async def kv_cache(server: OpenAIServer, prefix: str, history: list[dict], shortened: list[dict]) -> dict:
+@dataclass(frozen=True)
+class KvCache:
+    """First-token times of one long prefix read cold, again on its slot, and back from RAM on the other slot;
+    and the share of an edited chat read again."""
+
+    server: str
+    cold_ms: float
+    same_slot_ms: float
+    ram_ms: float
+    ram_cached_tokens: int | None  # the prompt tokens the request from RAM found cached
+    chat_tokens: int  # the edited chat's prompt tokens
+    edited_read_share: float | None  # of them, the share read again (None: the server did not say)
+
+
+async def kv_cache(server: OpenAIServer, prefix: str, history: list[dict], shortened: list[dict]) -> KvCache:
     """On a server with 2 slots and ``--cache-reuse``: first-token times of a long ``prefix`` read cold,
     again on the same slot, and back from RAM on the other slot (two unrelated prompts took both slots
     in between); then ``history`` and the same chat with an early message ``shortened``: the share of
@@ -261,21 +334,37 @@ async def kv_cache(server: OpenAIServer, prefix: str, history: list[dict], short
         edited = await server.stream(http, server.chat_request(shortened, 1))
     timings = (edited.final or {}).get("timings") or {}
     n_prompt = timings.get("cache_n", 0) + timings.get("prompt_n", 0)
-    return {
-        "server": server.name,
-        "cold_ms": ttft(cold) * 1e3,
-        "same_slot_ms": ttft(same_slot) * 1e3,
-        "ram_ms": ttft(from_ram) * 1e3,
-        "ram_cached_tokens": from_ram.cached_tokens,
-        "chat_tokens": n_prompt,
-        "edited_read_share": timings.get("prompt_n", 0) / n_prompt if n_prompt else None,
-    }
+    return KvCache(
+        server=server.name,
+        cold_ms=ttft(cold) * 1e3,
+        same_slot_ms=ttft(same_slot) * 1e3,
+        ram_ms=ttft(from_ram) * 1e3,
+        ram_cached_tokens=from_ram.cached_tokens,
+        chat_tokens=n_prompt,
+        edited_read_share=timings.get("prompt_n", 0) / n_prompt if n_prompt else None,
+    )
 
 
 # --- arrivals: a burst of long prompts while streams run ---------------------------------------
 
 
-async def arrivals(server: Server, running: int, prompts: list[str], cfg: Config) -> dict:
+@dataclass(frozen=True)
+class Arrivals:
+    """``running`` streams while ``arrivals`` long prompts came at once: the streams' gaps between two tokens while
+    the burst was read (None: no gap then), the arrivals' first tokens, and the tokens per second of all of them."""
+
+    server: str
+    running: int
+    arrivals: int
+    gap_p50_ms: float | None
+    gap_p99_ms: float | None
+    gap_max_ms: float | None
+    arrival_ttft_median_ms: float
+    arrival_ttft_max_ms: float
+    tokens_per_s: float
+
+
+async def arrivals(server: Server, running: int, prompts: list[str], cfg: Config) -> Arrivals:
     """``running`` streams generating, then ``len(prompts)`` long prompts at once.
 
     While the burst is being read, how long do the running streams wait between two tokens
@@ -285,18 +374,7 @@ async def arrivals(server: Server, running: int, prompts: list[str], cfg: Config
     """
     async with http_client(running + len(prompts)) as http:
         t0 = time.perf_counter()
-        watched: list[list[float]] = [[] for _ in range(running)]  # when each piece of a running stream arrived
-
-        def watch(times: list[float]):
-            return lambda _piece: times.append(time.perf_counter())
-
-        streams = [
-            asyncio.create_task(server.translate(http, TEXTS[i % len(TEXTS)], cfg.max_tokens * 2, on_piece=watch(watched[i])))
-            for i in range(running)
-        ]
-        # every stream is generating (or one has ended): two conditions to poll, not one event to await
-        while min(map(len, watched)) < 8 and not any(s.done() for s in streams):  # noqa: ASYNC110
-            await asyncio.sleep(0.005)
+        streams, watched = await start_streams(http, server, running, cfg.max_tokens * 2)
         t_burst = time.perf_counter()
         burst = await asyncio.gather(*(server.translate(http, text, 16) for text in prompts))
         t_read = max(s.t_first for s in burst)  # the last arrival's first token: the burst is read
@@ -307,20 +385,50 @@ async def arrivals(server: Server, running: int, prompts: list[str], cfg: Config
     def ms(q: float) -> float | None:
         return 1e3 * float(np.percentile(gaps, q)) if gaps else None
 
-    return {
-        "server": server.name,
-        "running": running,
-        "arrivals": len(prompts),
-        "gap_p50_ms": ms(50),
-        "gap_p99_ms": ms(99),
-        "gap_max_ms": ms(100),
-        "arrival_ttft_median_ms": 1e3 * float(np.median([ttft(s) for s in burst])),
-        "arrival_ttft_max_ms": 1e3 * max(ttft(s) for s in burst),
-        "tokens_per_s": tokens / (max(s.t_done for s in done + burst) - t0),
-    }
+    return Arrivals(
+        server=server.name,
+        running=running,
+        arrivals=len(prompts),
+        gap_p50_ms=ms(50),
+        gap_p99_ms=ms(99),
+        gap_max_ms=ms(100),
+        arrival_ttft_median_ms=1e3 * float(np.median([ttft(s) for s in burst])),
+        arrival_ttft_max_ms=1e3 * max(ttft(s) for s in burst),
+        tokens_per_s=tokens / (max(s.t_done for s in done + burst) - t0),
+    )
+
+
+async def start_streams(
+    http: httpx.AsyncClient, server: Server, n: int, max_tokens: int
+) -> tuple[list[asyncio.Task[StreamResult]], list[list[float]]]:
+    """``n`` streams started, returned once each has sent 8 pieces (or one has ended), with the times their pieces arrive."""
+    watched: list[list[float]] = [[] for _ in range(n)]  # when each piece of a running stream arrived
+
+    def watch(times: list[float]):
+        return lambda _piece: times.append(time.perf_counter())
+
+    streams = [asyncio.create_task(server.translate(http, TEXTS[i % len(TEXTS)], max_tokens, on_piece=watch(watched[i]))) for i in range(n)]
+    # every stream is generating (or one has ended): two conditions to poll, not one event to await
+    while min(map(len, watched)) < 8 and not any(s.done() for s in streams):  # noqa: ASYNC110
+        await asyncio.sleep(0.005)
+    return streams, watched
 
 
 # --- soak: memory over many requests ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Soak:
+    """The server's resident memory over many requests (MB), sampled every ``soak_every`` requests."""
+
+    server: str
+    requests: int
+    samples: list[tuple[int, float]]  # (requests done, RSS MB); the first before any request (after one warm-up)
+    rss_start_mb: float
+    rss_first_mb: float  # after the first ``soak_every`` requests: one-time allocations done
+    rss_last_mb: float
+    rss_peak_mb: float  # VmHWM
+    growth: float  # last / first
 
 
 def rss_mb(pid: int) -> tuple[float, float]:
@@ -334,7 +442,7 @@ def rss_mb(pid: int) -> tuple[float, float]:
     return fields["VmRSS"], fields["VmHWM"]
 
 
-async def soak(server: Server, cfg: Config, workers: int = 4) -> dict:
+async def soak(server: Server, cfg: Config, workers: int = 4) -> Soak:
     """``cfg.soak`` short streamed requests from ``workers`` clients; RSS every ``soak_every`` requests."""
     assert server.pid is not None, "the soak samples the memory of a server started here"
     pid = server.pid
@@ -358,19 +466,45 @@ async def soak(server: Server, cfg: Config, workers: int = 4) -> dict:
         await asyncio.gather(*(worker(http) for _ in range(workers)))
     bar.close()
     first, last = samples[1 if len(samples) > 2 else 0][1], samples[-1][1]
-    return {
-        "server": server.name,
-        "requests": cfg.soak,
-        "samples": samples,
-        "rss_start_mb": samples[0][1],
-        "rss_first_mb": first,
-        "rss_last_mb": last,
-        "rss_peak_mb": max(rss_mb(pid)[1], *(s[1] for s in samples)),
-        "growth": last / first,
-    }
+    return Soak(
+        server=server.name,
+        requests=cfg.soak,
+        samples=samples,
+        rss_start_mb=samples[0][1],
+        rss_first_mb=first,
+        rss_last_mb=last,
+        rss_peak_mb=max(rss_mb(pid)[1], *(s[1] for s in samples)),
+        growth=last / first,
+    )
 
 
 # --- greedy drift: the same greedy answers alone and batched? ---------------------------------
+
+
+@dataclass(frozen=True)
+class ReviewDrift:
+    """One review of ``greedy_drift``: its answer alone, and how the batched runs' answers differed from it."""
+
+    review: str
+    differed: int  # batched runs whose answer was not the one alone
+    alone: str
+    batched_differing: list[str]  # those answers, each once
+    same_chars_before_difference: int | None  # the fewest characters any of them shared with the answer alone
+
+
+@dataclass(frozen=True)
+class GreedyDrift:
+    """Chapter 6's reviews answered alone, alone again (the control) and ``runs`` times batched."""
+
+    runs: int
+    slots: int
+    max_tokens: int
+    reviews: list[ReviewDrift]
+    runs_with_difference: int  # batched runs in which at least one answer differed from alone
+    alone_twice_identical: bool
+    alone_twice_differed: int  # answers that differed between the two runs alone
+    batch_schedules: int  # distinct step sequences (prompt and generated tokens per step) among the batched runs
+    seconds: float
 
 
 def same_start(a: str, b: str) -> int:
@@ -378,7 +512,7 @@ def same_start(a: str, b: str) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
-def greedy_drift(cfg: Config) -> dict:
+def greedy_drift(cfg: Config) -> GreedyDrift:
     """Chapter 6's 8 reviews, unconstrained and greedy, on an in-process ``Engine`` with 4 slots of one
     KV stream each (explicit ``n_parallel``: ``kv_unified=False``), as chapter 6's ``-np 4 -c 4096`` server.
 
@@ -390,9 +524,25 @@ def greedy_drift(cfg: Config) -> dict:
     ``batch_schedules`` counts the distinct step sequences (prompt and generated tokens per step)
     among the batched runs: how many different batch shapes the runs went through.
     """
+    t0 = time.perf_counter()
+    alone, again, batched, schedules = greedy_answers(cfg)
+    return GreedyDrift(
+        runs=cfg.greedy_runs,
+        slots=GREEDY_SLOTS,
+        max_tokens=cfg.greedy_tokens,
+        reviews=[review_drift(review, alone[i], [run[i] for run in batched]) for i, review in enumerate(REVIEWS)],
+        runs_with_difference=sum(any(run[i] != alone[i] for i in range(len(REVIEWS))) for run in batched),
+        alone_twice_identical=again == alone,
+        alone_twice_differed=sum(a != b for a, b in zip(alone, again, strict=True)),
+        batch_schedules=schedules,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def greedy_answers(cfg: Config) -> tuple[list[str], list[str], list[list[str]], int]:
+    """The reviews' answers alone, alone again, and in each batched run; and the batched runs' distinct batch schedules."""
     from llmkit.engine import Engine, EngineConfig, RequestParams
 
-    t0 = time.perf_counter()
     params = RequestParams.of(temperature=0, max_tokens=cfg.greedy_tokens, cache_prompt=False)
     config = EngineConfig(n_parallel=GREEDY_SLOTS, n_ctx=GREEDY_SLOTS * cfg.ctx_per_slot, n_threads=cfg.threads, cache_ram_mib=0)
     engine = Engine(cfg.model, config)
@@ -413,24 +563,32 @@ def greedy_drift(cfg: Config) -> dict:
     steps = list(engine.steps)  # closed: the engine thread has recorded its last step (it keeps the last 10,000)
     ends = [*starts[1:], float("inf")]
     schedules = {tuple((s.n_prompt, s.n_generated) for s in steps if a <= s.t < b) for a, b in zip(starts, ends, strict=True)}
-    differed = [[run[i] != alone[i] for run in batched] for i in range(len(REVIEWS))]
-    return {
-        "runs": cfg.greedy_runs,
-        "slots": GREEDY_SLOTS,
-        "max_tokens": cfg.greedy_tokens,
-        "reviews": [
-            {
-                "review": review,
-                "differed": sum(d),
-                "alone": alone[i],
-                "batched_differing": sorted({run[i] for run in batched if run[i] != alone[i]}),
-                "same_chars_before_difference": min((same_start(run[i], alone[i]) for run in batched if run[i] != alone[i]), default=None),
-            }
-            for i, (review, d) in enumerate(zip(REVIEWS, differed, strict=True))
-        ],
-        "runs_with_difference": sum(any(run[i] != alone[i] for i in range(len(REVIEWS))) for run in batched),
-        "alone_twice_identical": again == alone,
-        "alone_twice_differed": sum(a != b for a, b in zip(alone, again, strict=True)),
-        "batch_schedules": len(schedules),
-        "seconds": time.perf_counter() - t0,
-    }
+    return alone, again, batched, len(schedules)
+
+
+def review_drift(review: str, alone: str, batched: list[str]) -> ReviewDrift:
+    """One review's answer alone against its answers in the batched runs."""
+    differing = [answer for answer in batched if answer != alone]
+    return ReviewDrift(
+        review=review,
+        differed=len(differing),
+        alone=alone,
+        batched_differing=sorted(set(differing)),
+        same_chars_before_difference=min((same_start(answer, alone) for answer in differing), default=None),
+    )
+
+
+# --- one run's results -----------------------------------------------------------------------
+
+
+@dataclass
+class Measured:
+    """Every scenario's results of one bench run (empty, or None, where it was skipped)."""
+
+    rows: list[Row] = field(default_factory=list)
+    apis: list[ApiStreaming] = field(default_factory=list)
+    prefix: list[PrefixReuse] = field(default_factory=list)
+    arrivals: list[Arrivals] = field(default_factory=list)
+    kv_cache: list[KvCache] = field(default_factory=list)
+    soak: Soak | None = None
+    greedy: GreedyDrift | None = None
