@@ -214,7 +214,7 @@ def serve_slots(args: argparse.Namespace) -> int:
 
 
 def translate(args: argparse.Namespace) -> int:
-    from llmkit.client import stream_translation
+    from llmkit.course.client import stream_translation
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # no per-request line between the translation and an error
     result = stream_translation(args.url, args.text, args.to, on_piece=lambda piece: print(piece, end="", flush=True))
@@ -230,7 +230,7 @@ def bench(args: argparse.Namespace) -> int:
     import signal
     from pathlib import Path
 
-    from llmkit import bench as bench_
+    from llmkit.course import bench as bench_
 
     # SIGTERM unwinds like Ctrl-C, so the servers the bench started are stopped too (else they outlive it).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -257,7 +257,7 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def upstream_command(args: argparse.Namespace) -> int:
-    from llmkit import upstream
+    from llmkit.course import upstream
 
     try:
         if args.action == "build":

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmkit import launch, models
+from llmkit import models
+from llmkit.course import launch
 
 
 @pytest.fixture(scope="session")

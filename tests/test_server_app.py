@@ -19,7 +19,7 @@ import httpx
 import pytest
 import uvicorn
 
-from llmkit import launch
+from llmkit.course import launch
 from llmkit.engine import EngineError, Piece, Request
 from llmkit.engine.engine import Counters
 from llmkit.server import Settings, create_app

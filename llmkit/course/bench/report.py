@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from llmkit.bench.config import API_RATIO, NO_BUDGET, RAW, SOAK_CACHE_RAM_MIB, Config
-from llmkit.bench.scenarios import Row
+from llmkit.course.bench.config import API_RATIO, NO_BUDGET, RAW, SOAK_CACHE_RAM_MIB, Config
+from llmkit.course.bench.scenarios import Row
 
 GROWTH_LIMIT = 1.03  # soak: last RSS sample / first (after 100 requests) must stay under this
 

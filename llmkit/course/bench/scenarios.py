@@ -9,7 +9,7 @@
     greedy_drift  in-process, no server: do greedy answers alone and batched (one KV stream per slot) agree?
 
 A new scenario is an async function here that takes a ``Server`` (and the
-``Config``) and returns a dict of numbers; ``llmkit.bench.run`` calls it for
+``Config``) and returns a dict of numbers; ``llmkit.course.bench.run`` calls it for
 every server, ``report`` turns its results into a table and, if it has a
 target, a line of ``judge``. (``greedy_drift`` is about llama.cpp's numbers,
 not a server's: it runs once, on an ``Engine`` of its own.)
@@ -29,15 +29,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
-from llmkit.bench.config import GREEDY_SLOTS, RAW, Config
-from llmkit.bench.prompts import QUESTION, REVIEWS, TEXTS
-from llmkit.bench.servers import APIS, OpenAIServer, Server, http_client, through
-from llmkit.client import StreamResult
+from llmkit.course.bench.config import GREEDY_SLOTS, RAW, Config
+from llmkit.course.bench.prompts import QUESTION, REVIEWS, TEXTS
+from llmkit.course.bench.servers import APIS, OpenAIServer, Server, http_client, through
+from llmkit.course.client import StreamResult
 
 if TYPE_CHECKING:
     import httpx
 
-    from llmkit.bench.raw import RawDecoder
+    from llmkit.course.bench.raw import RawDecoder
 
 
 def ttft(s: StreamResult) -> float:
