@@ -10,7 +10,7 @@ Map of the package (each module one role, named after llama-server's files). The
     server/     the slot server's OpenAI-compatible HTTP layer (~ server.cpp, server-http.cpp)
     cli         `llmkit serve | translate | bench | upstream`
 
-The course's apparatus, apart from it:
+The course's apparatus, apart from it (the `lab` extra; no server imports it):
 
     course/     tr, pad, table: the notebooks' printed words in the reader's language
       upstream/   the real llama-server: its C++ read by name, MAP (llmkit <-> llama-server), its build
@@ -19,7 +19,7 @@ The course's apparatus, apart from it:
       client      HTTP helpers: stream from either server and time every piece
       widgets     ipywidgets: a translator that streams into the page
 
-README.md's "Layout" lists the same rooms.
+README.md's "Layout" lists the same rooms (tests/test_layout.py checks both against the files).
 """
 
 __version__ = "0.1.0"

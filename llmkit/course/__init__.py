@@ -2,6 +2,7 @@
 
 Its parts: ``upstream`` (llama-server's C++ read by name, the MAP, the llama-server build), ``bench``
 (``llmkit bench``), ``launch`` (servers in the background), ``client`` (HTTP helpers) and ``widgets`` (ipywidgets).
+Their packages come with the ``lab`` extra, and no server imports them (``tests/test_layout.py``).
 
 Here: the printed words, with code cells identical in every edition. A notebook cell writes its labels in English,
 through ``tr``::
