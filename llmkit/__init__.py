@@ -1,6 +1,6 @@
 """llmkit: a course kit that builds a production-shaped LLM server beside a simple one.
 
-Map of the package (each module one role, named after llama-server's files):
+Map of the package (each module one role, named after llama-server's files). The runtime, what the servers run:
 
     models      where a model comes from: the embedded default, a path, the catalog + download
     llama       thin typed layer over llama-cpp-python's low-level API
@@ -8,9 +8,18 @@ Map of the package (each module one role, named after llama-server's files):
     sequential/ the tutorial's translation server (one request at a time)
     engine/     the slot engine: continuous batching, prefix reuse (~ server-context.cpp)
     server/     the slot server's OpenAI-compatible HTTP layer (~ server.cpp, server-http.cpp)
-    launch      start/stop servers in the background (notebooks, tests, bench)
-    bench       the servers side by side over HTTP
-    cli         `llmkit serve | translate | bench`
+    cli         `llmkit serve | translate | bench | upstream`
+
+The course's apparatus, apart from it (the `lab` extra; no server imports it):
+
+    course/     tr, pad, table: the notebooks' printed words in the reader's language
+      upstream/   the real llama-server: its C++ read by name, MAP (llmkit <-> llama-server), its build
+      bench/      `llmkit bench`: the servers side by side over HTTP
+      launch      start/stop servers in the background (notebooks, tests, bench)
+      client      HTTP helpers: stream from either server and time every piece
+      widgets     ipywidgets: a translator that streams into the page
+
+README.md's "Layout" lists the same rooms (tests/test_layout.py checks both against the files).
 """
 
 __version__ = "0.1.0"

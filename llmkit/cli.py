@@ -13,11 +13,29 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from llmkit import models
 from llmkit.engine.config import DEFAULT_STEP_TOKENS, EngineConfig
 
 LOG_FORMAT = "%(asctime)s %(levelname).1s %(name)s: %(message)s"
+LAB = "pip install 'llmkit[lab]'"
+
+
+@contextmanager
+def course_imports(command: str) -> Iterator[None]:
+    """Around an import of the course apparatus (``llmkit.course``): if a package of the lab extra is missing, say so and exit.
+
+    The servers need only the core packages; ``translate``, ``bench`` and ``upstream`` use the course's tools (its
+    HTTP helpers, the bench, llama-server's C++ read with tree-sitter), whose packages come with the lab extra.
+    """
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.partition(".")[0] == "llmkit":
+            raise  # a module of llmkit itself: a bug, not a missing extra
+        raise SystemExit(f"llmkit {command}: needs the package {exc.name!r}, which comes with the lab extra: {LAB}") from exc
 
 
 def add_common_server_flags(p: argparse.ArgumentParser) -> None:
@@ -229,7 +247,8 @@ def serve_slots(args: argparse.Namespace) -> int:
 
 
 def translate(args: argparse.Namespace) -> int:
-    from llmkit.client import stream_translation
+    with course_imports("translate"):
+        from llmkit.course.client import stream_translation
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # no per-request line between the translation and an error
     result = stream_translation(args.url, args.text, args.to, on_piece=lambda piece: print(piece, end="", flush=True))
@@ -245,7 +264,8 @@ def bench(args: argparse.Namespace) -> int:
     import signal
     from pathlib import Path
 
-    from llmkit import bench as bench_
+    with course_imports("bench"):
+        from llmkit.course import bench as bench_
 
     # SIGTERM unwinds like Ctrl-C, so the servers the bench started are stopped too (else they outlive it).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -272,7 +292,8 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def upstream_command(args: argparse.Namespace) -> int:
-    from llmkit import upstream
+    with course_imports("upstream"):
+        from llmkit.course import upstream
 
     try:
         if args.action == "build":

@@ -1,6 +1,6 @@
 """nbval runs each notebook as a test; this checks that none leaves a server running.
 
-``llmkit.launch`` starts servers in their own session, so a server that a
+``llmkit.course.launch`` starts servers in their own session, so a server that a
 notebook forgets to stop outlives the notebook's kernel: we look for
 ``llmkit serve`` and ``llama-server`` processes started by this run's
 kernels (children of a child of this pytest process) that are still there

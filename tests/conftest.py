@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmkit import launch, models
+from llmkit import models
+from llmkit.course import launch
 
 
 @pytest.fixture(scope="session")
@@ -37,6 +38,7 @@ def sequential_server():
 FAST_MODULES = {
     *("test_scheduler.py", "test_sse.py", "test_text.py", "test_server_app.py", "test_models.py", "test_tools.py"),
     *("test_notebooks.py", "test_course.py", "test_japanese.py"),  # the notebooks as files, the editions' labels and terms
+    "test_layout.py",  # the runtime apart from the course's apparatus, and one map of the package
 }
 
 

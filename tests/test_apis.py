@@ -21,7 +21,7 @@ import jsonschema
 import openai
 import pytest
 
-from llmkit import launch
+from llmkit.course import launch
 
 from helpers import wait_until
 

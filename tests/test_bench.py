@@ -7,11 +7,11 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from llmkit import bench, client
-from llmkit.bench.prompts import QUESTION, REVIEWS
-from llmkit.bench.scenarios import ApiStreaming, Measured
-from llmkit.bench.servers import OpenAIServer, through
 from llmkit.cli import build_parser
+from llmkit.course import bench, client
+from llmkit.course.bench.prompts import QUESTION, REVIEWS
+from llmkit.course.bench.scenarios import ApiStreaming, Measured
+from llmkit.course.bench.servers import OpenAIServer, through
 
 SERVERS = (bench.RAW, "sequential", "slots", bench.NO_BUDGET, "llama-server")
 COLUMNS = ["server", "streams", "tokens", "wall s", "aggregate tok/s", "TTFT median ms", "TTFT p90 ms",

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from llmkit.bench.scenarios import rss_mb
+from llmkit.course.bench.scenarios import rss_mb
 from llmkit.engine import Engine, EngineConfig
 from llmkit.engine.prompt_cache import MIB
 
@@ -164,7 +164,7 @@ def test_the_slot_server_with_llama_servers_cache_flags():
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
-    from llmkit import launch
+    from llmkit.course import launch
 
     flags = ("-c", "512", "-t", "1", "--temp", "0", "--metrics", "--cache-reuse", "32", "--context-shift")
     with launch.serve("slots", *flags) as server, httpx.Client(base_url=server.url, timeout=120) as http:

@@ -12,7 +12,7 @@ import polib
 import pytest
 
 from llmkit import course
-from llmkit.upstream import MAP
+from llmkit.course.upstream import MAP
 
 from helpers import JA_CHAR
 

@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llmkit import launch
+from llmkit.course import launch
 from llmkit.server import metrics
 
 pytestmark = pytest.mark.timeout(1800)  # a first run builds llama-server (~13 min on 2 cores); then about 1 min

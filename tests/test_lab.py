@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from llmkit.launch import free_port
+from llmkit.course.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

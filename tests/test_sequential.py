@@ -11,7 +11,8 @@ import time
 import httpx
 import pytest
 
-from llmkit import launch, models
+from llmkit import models
+from llmkit.course import launch
 from llmkit.sequential.app import create_app
 from llmkit.sequential.translator import Translator
 

@@ -21,7 +21,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmkit import launch
+from llmkit.course import launch
 
 from helpers import assert_error, post, sse_events, wait_until
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import uvicorn
 
-from llmkit import launch
+from llmkit.course import launch
 from llmkit.engine import Counters, End, EngineConfig, EngineError, EngineStatus, Piece, Request, SlotStatus
 from llmkit.server import Settings, create_app
 from llmkit.server.state import ServingEngine

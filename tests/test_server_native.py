@@ -16,7 +16,7 @@ import numpy as np
 import openai
 import pytest
 
-from llmkit import launch
+from llmkit.course import launch
 
 from helpers import post, wait_until
 

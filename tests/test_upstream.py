@@ -1,4 +1,4 @@
-"""llmkit.upstream: the pinned llama.cpp source, C++ found by name, the map to llmkit, the built llama-server."""
+"""llmkit.course.upstream: the pinned llama.cpp source, C++ found by name, the map to llmkit, the built llama-server."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import httpx
 import llama_cpp
 import pytest
 
-from llmkit import launch, upstream
-from llmkit.upstream import cpp, mapping, source
+from llmkit.course import launch, upstream
+from llmkit.course.upstream import cpp, mapping, source
 
-LLMKIT = Path(upstream.__file__).resolve().parent.parent
+LLMKIT = Path(upstream.__file__).resolve().parents[2]  # llmkit/
 
 
 # --- the source -----------------------------------------------------------------------

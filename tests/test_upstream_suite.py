@@ -42,7 +42,8 @@ from pathlib import Path
 
 import pytest
 
-from llmkit import launch, models, upstream
+from llmkit import models
+from llmkit.course import launch, upstream
 
 pytestmark = pytest.mark.timeout(1800)  # a first run builds llama-server (~13 min on 2 cores); then about 1.5 min
 

@@ -7,8 +7,8 @@ import html
 import httpx
 import pytest
 
-from llmkit import launch
-from llmkit.widgets import Translator
+from llmkit.course import launch
+from llmkit.course.widgets import Translator
 
 
 @pytest.fixture(scope="module")

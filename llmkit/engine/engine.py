@@ -10,7 +10,7 @@
     r = engine.complete("Once upon a time", max_tokens=4)
     while not r.done: print(engine.step())             # a StepRecord: what the batch held
 
-Read it in the order llama-server runs (``llmkit.upstream.MAP`` pairs each
+Read it in the order llama-server runs (``llmkit.course.upstream.MAP`` pairs each
 method with its C++ and says what differs):
 
 - ``loop`` ~ ``server_queue::start_loop``: wait for work, ``step``, again;

@@ -12,7 +12,7 @@ Each scenario returns its numbers in a dataclass named after it (``prefix_reuse`
 -> ``PrefixReuse``, ``all_levels`` -> ``Row``), one per server (and level), and
 ``Measured`` holds them all for one run. A new scenario is an async function here
 that takes a ``Server`` (and the ``Config``) and returns its dataclass;
-``llmkit.bench.run`` calls it for every server, ``report`` turns its results into
+``llmkit.course.bench.run`` calls it for every server, ``report`` turns its results into
 a table and, if it has a target, a function of its targets. (``greedy_drift`` is
 about llama.cpp's numbers, not a server's: it runs once, on an ``Engine`` of its own.)
 """
@@ -31,15 +31,15 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 from tqdm import tqdm
 
-from llmkit.bench.config import GREEDY_SLOTS, RAW, Config
-from llmkit.bench.prompts import QUESTION, REVIEWS, TEXTS
-from llmkit.bench.servers import APIS, OpenAIServer, Server, http_client, through
-from llmkit.client import StreamResult
+from llmkit.course.bench.config import GREEDY_SLOTS, RAW, Config
+from llmkit.course.bench.prompts import QUESTION, REVIEWS, TEXTS
+from llmkit.course.bench.servers import APIS, OpenAIServer, Server, http_client, through
+from llmkit.course.client import StreamResult
 
 if TYPE_CHECKING:
     import httpx
 
-    from llmkit.bench.raw import RawDecoder
+    from llmkit.course.bench.raw import RawDecoder
 
 
 T = TypeVar("T")

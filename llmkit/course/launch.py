@@ -7,7 +7,7 @@ what they started:
   child process on a free loopback port (what the notebooks use: a real
   server, its own log, killed for sure on exit); ``serve("llama-server",
   *flags)`` runs the real llama-server, built from the same llama.cpp
-  (``llmkit.upstream.server_binary``), on the same model unless ``-m`` is given;
+  (``llmkit.course.upstream.server_binary``), on the same model unless ``-m`` is given;
 - ``serve_app(app)`` runs an ASGI app on uvicorn in a thread of this
   process, for when you want to change the app first (add a route, say).
 """
@@ -86,7 +86,8 @@ class ServerProcess:
 def command(kind: str, port: int, flags: tuple[str, ...]) -> list[str]:
     """The command line of a server: ``llmkit serve KIND`` or the real llama-server (built if needed)."""
     if kind == "llama-server":
-        from llmkit import models, upstream
+        from llmkit import models
+        from llmkit.course import upstream
 
         model = [] if {"-m", "--model"} & set(flags) else ["-m", str(models.resolve_model())]
         return [str(upstream.server_binary()), *model, "--host", HOST, "--port", str(port), *flags]

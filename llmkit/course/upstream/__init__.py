@@ -1,6 +1,6 @@
 """The real llama-server beside llmkit: its source of the pinned version, read by name, and its binary.
 
-    from llmkit import upstream
+    from llmkit.course import upstream
     upstream.root()                             # llama.cpp of the installed llama-cpp-python (fetched once)
     upstream.find("get_available_slot")         # -> Symbol: file, lines, text; highlighted in a notebook
     upstream.server_binary()                    # llama-server built from that source (once, ~12 min)
@@ -10,10 +10,10 @@ Modules: ``source`` (fetch and check), ``cpp`` (tree-sitter lookup),
 ``build`` (cmake + ninja), ``mapping`` (the map).
 """
 
-from llmkit.upstream.build import server_binary
-from llmkit.upstream.cpp import SideBySide, Symbol, count_lines, find, find_all, side_by_side
-from llmkit.upstream.mapping import MAP, Counterpart, counterparts, llmkit_symbol
-from llmkit.upstream.source import UpstreamError, root, version
+from llmkit.course.upstream.build import server_binary
+from llmkit.course.upstream.cpp import SideBySide, Symbol, count_lines, find, find_all, side_by_side
+from llmkit.course.upstream.mapping import MAP, Counterpart, counterparts, llmkit_symbol
+from llmkit.course.upstream.source import UpstreamError, root, version
 
 __all__ = [
     "MAP", "Counterpart", "SideBySide", "Symbol", "UpstreamError",

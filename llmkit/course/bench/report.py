@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from llmkit.bench.config import CACHE_REUSE, NO_BUDGET, RAW, SOAK_CACHE_RAM_MIB, Config
-from llmkit.bench.scenarios import ApiStreaming, Arrivals, GreedyDrift, KvCache, Measured, PrefixReuse, Row, Soak
+from llmkit.course.bench.config import CACHE_REUSE, NO_BUDGET, RAW, SOAK_CACHE_RAM_MIB, Config
+from llmkit.course.bench.scenarios import ApiStreaming, Arrivals, GreedyDrift, KvCache, Measured, PrefixReuse, Row, Soak
 
 Levels = dict[tuple[str, int], Row]  # (server, concurrent streams) -> its row
 

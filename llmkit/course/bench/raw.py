@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 from llmkit import models
-from llmkit.bench.config import RAW, Config
-from llmkit.bench.prompts import TEXTS, chat_prompt
-from llmkit.bench.scenarios import Row
+from llmkit.course.bench.config import RAW, Config
+from llmkit.course.bench.prompts import TEXTS, chat_prompt
+from llmkit.course.bench.scenarios import Row
 
 
 class RawDecoder:

@@ -53,7 +53,7 @@ def root(*, fetch: bool = True) -> Path:
     tree = data_dir() / f"{PACKAGE}-{version()}"
     if not (tree / "PKG-INFO").is_file():
         if not fetch:
-            raise UpstreamError(f"the llama.cpp source is not here yet ({tree}); call llmkit.upstream.root() to fetch it")
+            raise UpstreamError(f"the llama.cpp source is not here yet ({tree}); call llmkit.course.upstream.root() to fetch it")
         unpack(download(), tree)
     check_version(tree)
     return tree / "vendor" / "llama.cpp"

@@ -22,7 +22,7 @@ import tree_sitter_cpp
 from tree_sitter import Language, Node, Parser
 
 from llmkit.course import tr
-from llmkit.upstream.source import root
+from llmkit.course.upstream.source import root
 
 SEARCHED = ("tools/server", "common", "src", "include")  # in this order: llama-server first
 SUFFIXES = (".cpp", ".h", ".hpp")

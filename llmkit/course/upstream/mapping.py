@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmkit.course import tr
-from llmkit.upstream.cpp import Symbol
+from llmkit.course.upstream.cpp import Symbol
+
+ROOT = Path(__file__).resolve().parents[3]  # the folder that holds llmkit/: a Symbol's path is relative to it
 
 CONTEXT = "tools/server/server-context.cpp"
 QUEUE = "tools/server/server-queue.cpp"
@@ -30,7 +32,7 @@ TASK = "tools/server/server-task.cpp"
 @dataclass(frozen=True)
 class Counterpart:
     llmkit: str  # dotted path of a module-level or nested function, class or method
-    upstream: str  # qualified C++ name, as llmkit.upstream.find() takes it
+    upstream: str  # qualified C++ name, as llmkit.course.upstream.find() takes it
     file: str  # where upstream lives, relative to llama.cpp's root
     differs: str  # what llmkit does differently, in one line (English: the key of its translation)
 
@@ -227,7 +229,7 @@ def llmkit_symbol(path: str) -> Symbol:
         start, end = first, first + len(lines) - 1
         kind = "module" if inspect.ismodule(obj) else "class" if inspect.isclass(obj) else "function"
     text = "\n".join(file.read_text().splitlines()[start - 1 : end])
-    relative = file.resolve().relative_to(Path(__file__).resolve().parents[2]).as_posix()
+    relative = file.resolve().relative_to(ROOT).as_posix()
     return Symbol(path, kind, relative, start, end, text, language="python")
 
 
@@ -244,7 +246,7 @@ def _constant(path: str) -> Symbol:
         and name in [t.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)]
     )
     lines = "\n".join(text.splitlines()[node.lineno - 1 : node.end_lineno])
-    relative = file.resolve().relative_to(Path(__file__).resolve().parents[2]).as_posix()
+    relative = file.resolve().relative_to(ROOT).as_posix()
     return Symbol(path, "constant", relative, node.lineno, node.end_lineno, lines, language="python")
 
 

@@ -57,13 +57,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from llmkit import launch
-from llmkit.bench import report
-from llmkit.bench.config import CACHE_REUSE, NO_BUDGET, RAW, SOAK_CACHE_RAM_MIB, BenchError, Config
-from llmkit.bench.prompts import LANG, TEXTS, chat_prompt, edited_chat, long_system_prompt, long_text
-from llmkit.bench.raw import RawDecoder
-from llmkit.bench.report import Target
-from llmkit.bench.scenarios import (
+from llmkit.course import launch
+from llmkit.course.bench import report
+from llmkit.course.bench.config import CACHE_REUSE, NO_BUDGET, RAW, SOAK_CACHE_RAM_MIB, BenchError, Config
+from llmkit.course.bench.prompts import LANG, TEXTS, chat_prompt, edited_chat, long_system_prompt, long_text
+from llmkit.course.bench.raw import RawDecoder
+from llmkit.course.bench.report import Target
+from llmkit.course.bench.scenarios import (
     Arrivals,
     KvCache,
     Measured,
@@ -78,7 +78,7 @@ from llmkit.bench.scenarios import (
     prefix_reuse,
     soak,
 )
-from llmkit.bench.servers import OpenAIServer, SequentialServer, Server, server_flags, start_servers
+from llmkit.course.bench.servers import OpenAIServer, SequentialServer, Server, server_flags, start_servers
 
 __all__ = [
     "LANG", "NO_BUDGET", "RAW", "TEXTS", "BenchError", "Config", "Measured", "OpenAIServer", "RawDecoder", "Results", "Row",

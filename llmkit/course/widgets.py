@@ -1,6 +1,6 @@
 """ipywidgets apps for the notebooks: a translator that streams into the page.
 
-    from llmkit.widgets import Translator
+    from llmkit.course.widgets import Translator
     t = Translator(seq.url)      # a sequential server's base URL
     t                            # shows: text box, language menu, button, output
     t.translate("Good morning", "French")   # the same, without a browser
@@ -20,8 +20,8 @@ import threading
 import httpx
 import ipywidgets as w
 
-from llmkit.client import stream_translation
 from llmkit.course import tr
+from llmkit.course.client import stream_translation
 
 # SmolLM2-135M follows a language name far better than a code ("fr", "ja").
 LANGUAGES = ("French", "Japanese", "Spanish", "German", "Chinese", "Korean", "English")

@@ -1,6 +1,11 @@
-"""The course's printed words in the reader's language, with code cells identical in every edition.
+"""The course's apparatus, apart from the runtime, and its printed words in the reader's language.
 
-A notebook cell writes its labels in English, through ``tr``::
+Its parts: ``upstream`` (llama-server's C++ read by name, the MAP, the llama-server build), ``bench``
+(``llmkit bench``), ``launch`` (servers in the background), ``client`` (HTTP helpers) and ``widgets`` (ipywidgets).
+Their packages come with the ``lab`` extra, and no server imports them (``tests/test_layout.py``).
+
+Here: the printed words, with code cells identical in every edition. A notebook cell writes its labels in English,
+through ``tr``::
 
     from llmkit.course import tr
     print(tr("bad requests answered 400: {n}/{total}", n=n, total=total))
@@ -44,7 +49,7 @@ def catalog(folder: Path | None = None) -> dict[str, str]:
     files = sorted((folder / "locale").glob("*.po"))
     if not files:
         return {}
-    import polib  # the lab extra: only a translated folder needs it (llmkit's core code calls tr too)
+    import polib  # only a translated folder needs it
 
     entries = [e for po in files for e in polib.pofile(str(po)) if e.msgstr]
     if entries:

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from llmkit.course import tr
-from llmkit.upstream.source import UpstreamError, data_dir, root, version
+from llmkit.course.upstream.source import UpstreamError, data_dir, root, version
 
 X86_64_V3 = ("avx2", "fma", "f16c", "bmi2")  # the x86-64-v3 extensions ggml uses; all AMD/Intel CPUs since ~2015
 COMMON_FLAGS = {
@@ -74,7 +74,7 @@ def server_binary(*, build: bool = True, progress: bool = True) -> Path:
     if binary.is_file():
         return binary
     if not build:
-        raise UpstreamError(f"llama-server is not built yet ({binary}); call llmkit.upstream.server_binary() to build it")
+        raise UpstreamError(f"llama-server is not built yet ({binary}); call llmkit.course.upstream.server_binary() to build it")
     with _lock(build_dir()):
         if not binary.is_file():  # another process may have built it while we waited
             _build(build_dir(), progress)

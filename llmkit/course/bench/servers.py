@@ -1,7 +1,7 @@
 """The servers a bench run talks to: the sequential server and any OpenAI-compatible one, started here or given by URL.
 
 Each kind knows its request (``request``), how to read its stream
-(``piece_of``: the shared SSE reader of ``llmkit.client`` does the rest), how
+(``piece_of``: the shared SSE reader of ``llmkit.course.client`` does the rest), how
 to ask for a first token behind a long shared prefix (``prefixed``), and
 whether it has ``/metrics`` to scrape. An OpenAI-compatible server that also
 speaks the Responses and Messages APIs (the slot server, llama-server) is seen
@@ -17,10 +17,10 @@ from typing import Any, ClassVar
 
 import httpx
 
-from llmkit import client, launch
-from llmkit.bench.config import NO_BUDGET, BenchError, Config
-from llmkit.bench.prompts import LANG, chat_prompt
-from llmkit.client import StreamResult
+from llmkit.course import client, launch
+from llmkit.course.bench.config import NO_BUDGET, BenchError, Config
+from llmkit.course.bench.prompts import LANG, chat_prompt
+from llmkit.course.client import StreamResult
 
 
 @dataclass

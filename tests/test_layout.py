@@ -1,0 +1,135 @@
+"""The package's rooms: the runtime apart from the course's apparatus (llmkit.course), and one map of them.
+
+The servers install and run without the ``lab`` extra, so no runtime module may import ``llmkit.course`` or a
+package that only the extra brings (tree-sitter, Pygments, wcwidth, ...). And the map in ``llmkit/__init__.py``
+and README.md's "Layout" list the same rooms as the files on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pkgutil
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import llmkit
+
+ROOT = Path(__file__).resolve().parents[1]
+LLMKIT = Path(llmkit.__file__).parent
+COURSE = "llmkit.course"
+
+
+def runtime_modules(folder: Path = LLMKIT, prefix: str = "llmkit.") -> list[str]:
+    """Every module under ``folder`` but the course's, found on disk (pkgutil.walk_packages would import packages)."""
+    names = []
+    for info in pkgutil.iter_modules([str(folder)]):
+        name = prefix + info.name
+        if name == COURSE or info.name == "__main__":  # __main__ runs the CLI when imported
+            continue
+        names.append(name)
+        if info.ispkg:
+            names += runtime_modules(folder / info.name, name + ".")
+    return names
+
+
+def lab_packages() -> list[str]:
+    """The import names of the ``lab`` extra's packages (each imports under its distribution's name, ``-`` as ``_``)."""
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["lab"]
+    return sorted(re.match(r"[A-Za-z0-9_.-]+", req).group().lower().replace("-", "_") for req in extra)
+
+
+def without_lab(code: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter where the lab extra's packages cannot be imported, as if not installed."""
+    # sys.modules[name] = None: importing name raises ModuleNotFoundError; ROOT first: this checkout's llmkit from any cwd
+    block = f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfor name in {lab_packages()!r}:\n    sys.modules[name] = None\n"
+    env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-c", block + code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_the_runtime_imports_nothing_of_the_course_or_the_lab_extra():
+    modules = runtime_modules()
+    assert {"llmkit.cli", "llmkit.engine.engine", "llmkit.server.app", "llmkit.sequential.app"} <= set(modules)
+    code = f"""
+import importlib, json
+missing = {{}}
+for name in {modules!r}:
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        missing[name] = exc.name
+print(json.dumps({{"missing": missing, "course": sorted(m for m in sys.modules if m.startswith({COURSE!r}))}}))
+"""
+    # Blocked rather than looked for in sys.modules afterwards: httpx imports Pygments whenever it is installed (for its
+    # own command line) and does without it when it is not.
+    run = without_lab(code)
+    assert run.returncode == 0, run.stderr
+    found = json.loads(run.stdout)
+    assert found["missing"] == {}, "runtime modules that need the lab extra (module: package)"
+    assert found["course"] == [], "runtime modules import the course's apparatus"
+
+
+def test_the_cli_names_the_lab_extra_when_a_command_needs_it(tmp_path):
+    # Arguments that fail at once if the command ran after all: no model, no upstream source, no server to ask.
+    commands = (
+        ["upstream", "find", "get_available_slot"],
+        ["bench", "-m", str(tmp_path / "none.gguf"), "-o", str(tmp_path / "out")],
+        ["translate", "Hello", "--url", "http://127.0.0.1:9"],
+    )
+    code = f"""
+from llmkit.cli import main
+for argv in {commands!r}:
+    try:
+        main(argv)
+    except SystemExit as exc:
+        print(exc.code)
+"""
+    nowhere = {"LLMKIT_UPSTREAM_DIR": str(tmp_path / "upstream"), "LLMKIT_UPSTREAM_SDIST": str(tmp_path / "none.tar.gz")}
+    run = without_lab(code, cwd=tmp_path, env=nowhere)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["llmkit upstream", "llmkit bench", "llmkit translate"], run.stdout
+    assert all("pip install 'llmkit[lab]'" in line for line in lines), run.stdout
+
+
+# --- one map of the rooms -------------------------------------------------------------------------
+
+ENTRY = re.compile(r"( *)([a-z_]\w*)(?:\.py|/)?(?: |$)")  # "  engine/   the slot engine", "    launch.py   start/stop ..."
+
+
+def rooms(lines: list[str], indent: int) -> dict[str, list[str]]:
+    """Each entry at ``indent`` spaces -> the entries just under it, named as modules (no ``.py``, no ``/``)."""
+    tree: dict[str, list[str]] = {}
+    for line in lines:
+        entry = ENTRY.match(line)
+        depth = len(entry.group(1)) if entry else -1
+        if depth == indent:
+            tree[entry.group(2)] = []
+        elif depth == indent + 2 and tree:
+            tree[list(tree)[-1]].append(entry.group(2))
+    return tree
+
+
+def readme_layout() -> list[str]:
+    """The lines under ``llmkit/`` in README.md's "Layout" block, up to the next top-level entry."""
+    section = (ROOT / "README.md").read_text().split("\n## Layout\n", 1)[1]
+    block = section.split("```\n", 2)[1].splitlines()
+    start = block.index("llmkit/") + 1
+    end = next((i for i, line in enumerate(block[start:], start) if not line.startswith(" ")), len(block))
+    return block[start:end]
+
+
+def on_disk(folder: Path) -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules([str(folder)]) if m.name != "__main__")
+
+
+def test_the_package_map_and_the_readme_list_the_rooms_on_disk():
+    readme, docstring = rooms(readme_layout(), 2), rooms(llmkit.__doc__.splitlines(), 4)
+    disk = (on_disk(LLMKIT), on_disk(LLMKIT / "course"))
+    for where, tree in (("README.md", readme), ("llmkit/__init__.py", docstring)):
+        assert (sorted(tree), sorted(tree.get("course", []))) == disk, f"{where}'s map and the files differ"
+    assert list(readme) == list(docstring) and readme["course"] == docstring["course"], "the two maps list the rooms in one order"
+    assert list(docstring)[-1] == "course", "the runtime first, then the course's apparatus"
