@@ -477,7 +477,7 @@ class Trigger:
 class Grammar(str):
     """GBNF text parsed once for one model: each request's ``Sampler`` clones ``sampler``
     instead of parsing the text again. It stays its text (llama-server reports the
-    grammar in ``generation_settings``). ``llmkit.engine.grammar.compile`` makes them,
+    grammar in ``generation_settings``). ``llmkit.grammar.compile`` makes them,
     after the checks that keep llama.cpp from hanging or crashing on it."""
 
     sampler: GrammarSampler

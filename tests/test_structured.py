@@ -25,8 +25,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from llmkit import launch
-from llmkit.engine import grammar
+from llmkit import grammar, launch
 from llmkit.llama import Batch, Context, Grammar, GrammarSampler, Sampler, SamplingParams
 from llmkit.server.protocol import ChatCompletionRequest, constraint_of
 

@@ -23,7 +23,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from llmkit.engine import ContextSizeError, Piece, grammar
+from llmkit import grammar
+from llmkit.engine import ContextSizeError, Piece
 from llmkit.engine import Request as EngineRequest
 from llmkit.llama import Model, SamplingParams
 from llmkit.server import sse

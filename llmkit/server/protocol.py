@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from llmkit.engine.grammar import Constraint, Gbnf, Schema
+from llmkit.grammar import Constraint, Gbnf, Schema
 from llmkit.llama import Grammar, SamplingParams
 from llmkit.server.errors import ApiError
 from llmkit.server.tools import Tool, ToolCalling, renders_tools

@@ -23,7 +23,7 @@ import threading
 
 import numpy as np
 
-from llmkit.engine.grammar.limits import MAX_GRAMMAR_CHARS, MAX_GRAMMAR_NESTING, MAX_GRAMMAR_RULES, MAX_REPETITIONS, GrammarError
+from llmkit.grammar.limits import MAX_GRAMMAR_CHARS, MAX_GRAMMAR_NESTING, MAX_GRAMMAR_RULES, MAX_REPETITIONS, GrammarError
 from llmkit.llama import Grammar, Model
 
 

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import NamedTuple
 
-from llmkit.engine.grammar.limits import GrammarError
+from llmkit.grammar.limits import GrammarError
 
 DIGITS = 16  # at most, before and after the point (llama.cpp's integral-part and decimal-part)
 ANY_FRACTION = '("." [0-9]{1,16})?'
