@@ -348,7 +348,7 @@ def _check(gbnf: str, model: Model) -> Grammar:
     llama_log = logging.getLogger("llmkit.llama")
     llama_log.addHandler(errors)
     try:
-        grammar = Grammar(gbnf, model)
+        grammar = Grammar.parse(gbnf, model)
     except ValueError:
         why = "; ".join(line.strip() for line in errors.lines) or "see the server log"
         raise GrammarError(f"llama.cpp refused the grammar: {why}") from None

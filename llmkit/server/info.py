@@ -10,7 +10,6 @@ POST /tokenize, /detokenize, /apply-template
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 from fastapi import APIRouter
@@ -61,7 +60,7 @@ async def get_model(model_id: str, state: State) -> dict:
 @router.get("/props")
 async def props(state: State) -> dict:
     engine, settings = state.engine, state.settings
-    defaults = {k: v for k, v in dataclasses.asdict(settings.sampling_defaults()).items() if k != "grammar"}
+    defaults = {k: v for k, v in vars(settings.sampling_defaults()).items() if k != "grammar"}  # vars: asdict would copy a Grammar
     return {
         "default_generation_settings": {"n_ctx": engine.n_ctx_slot, "params": defaults},
         "total_slots": len(engine.slots),
