@@ -8,7 +8,7 @@ and freeing it in ``close()``:
 - ``Batch``    the tokens handed to one ``llama_decode`` call          (llama_batch)
 - ``Sampler``  a sampler chain that picks the next token               (llama_sampler)
 - ``GrammarSampler`` a grammar over the vocabulary, the only token mask (llama_sampler_init_grammar);
-  ``Grammar`` is GBNF text with its checked parse, which each slot's ``Sampler`` clones;
+  ``Grammar`` holds GBNF text and its checked parse, which each slot's ``Sampler`` clones;
   ``Trigger`` holds a lazy grammar back until its word is written
 
 Nothing here knows about HTTP, slots or requests. The same calls appear in
@@ -371,7 +371,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     ignore_eos: bool = False
-    grammar: str | None = None  # GBNF text (root rule "root"), or a Grammar: parsed and checked once (grammar.compile)
+    grammar: str | Grammar | None = None  # GBNF text (root rule "root"), or a Grammar: parsed and checked once (grammar.compile)
     grammar_trigger: str | None = None  # lazy grammar: free text until this word is written, then the grammar
 
 
@@ -478,25 +478,24 @@ class Trigger:
         self.n_written = next((n for n in range(min(len(text), len(self.word) - 1), 0, -1) if text.endswith(self.word[:n])), 0)
 
 
-class Grammar(str):
-    """GBNF text parsed once for one model: each request's ``Sampler`` clones ``sampler``
-    instead of parsing the text again. It stays its text (llama-server reports the
-    grammar in ``generation_settings``). ``llmkit.engine.grammar.compile`` makes them,
-    after the checks that keep llama.cpp from hanging or crashing on it."""
+@dataclass(frozen=True)
+class Grammar:
+    """GBNF ``text`` parsed once for one model: each request's ``Sampler`` clones ``sampler``
+    instead of parsing the text again. ``llmkit.grammar.compile`` makes them, after the
+    checks that keep llama.cpp from hanging or crashing on it.
 
-    sampler: GrammarSampler
+    ``sampler`` owns a llama.cpp handle: share a Grammar, never copy it (``dataclasses.asdict``
+    would: code that lists ``SamplingParams`` reads its fields with ``vars`` instead)."""
 
-    def __new__(cls, text: str, model: Model) -> Grammar:
-        self = super().__new__(cls, text)
-        self.sampler = GrammarSampler(model, text)
+    text: str
+    sampler: GrammarSampler = field(repr=False)
+
+    @classmethod
+    def parse(cls, text: str, model: Model) -> Grammar:
+        """``text`` parsed for ``model``; ValueError if llama.cpp refuses it."""
+        sampler = GrammarSampler(model, text)
         model.utf8_continues(b"")  # the vocabulary's bytes, read here (~0.4 s once), not in the engine's step
-        return self
-
-    def __copy__(self) -> Grammar:
-        return self  # immutable; its llama.cpp handle is not copied
-
-    def __deepcopy__(self, memo: dict) -> Grammar:
-        return self
+        return cls(text, sampler)
 
 
 class Sampler:
@@ -510,7 +509,8 @@ class Sampler:
     aborts the process when a grammar accepts a token it does not allow (which
     ``llama_sampler_sample`` does when the grammar leaves no token at all), so
     ``sample`` checks the token before the grammar accepts it. A ``Grammar`` is
-    cloned (parsed and checked before the request was queued); GBNF text is parsed here.
+    cloned (parsed and checked before the request was queued); GBNF text, or a Grammar
+    parsed for another model, is parsed here.
     """
 
     live = 0  # chains not yet freed, across the process (tests count them to catch leaks)
@@ -521,10 +521,11 @@ class Sampler:
         self.grammar: GrammarSampler | None = None
         self.trigger: Trigger | None = None  # a lazy grammar's, until it fires
         try:
-            if isinstance(params.grammar, Grammar) and params.grammar.sampler.model is model:
-                self.grammar = params.grammar.sampler.clone()
-            elif params.grammar is not None:
-                self.grammar = GrammarSampler(model, params.grammar)
+            grammar = params.grammar
+            if isinstance(grammar, Grammar) and grammar.sampler.model is model:
+                self.grammar = grammar.sampler.clone()
+            elif grammar is not None:
+                self.grammar = GrammarSampler(model, grammar.text if isinstance(grammar, Grammar) else grammar)
             if self.grammar is not None and params.grammar_trigger:
                 self.trigger = Trigger(model, params.grammar_trigger)
             for sampler in self._stages(model, params):

@@ -384,7 +384,8 @@ Return each call as <tool_call>{"name": <function-name>, "arguments": <args-json
 def test_a_template_that_renders_tools_renders_them_and_the_call_is_the_same(model_path):
     """With such a template (a Qwen 2.5 GGUF brings one), llmkit gives it the tools and the history as they
     are, and parallel calls are on by default; the grammar and the parser stay the same."""
-    from llmkit.engine import Engine, EngineConfig, RequestParams, grammar
+    from llmkit import grammar
+    from llmkit.engine import Engine, EngineConfig, RequestParams
     from llmkit.llama import Model
     from llmkit.server.protocol import ChatRequest
     from llmkit.server.tools import TextParser

@@ -25,8 +25,8 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from llmkit import grammar
 from llmkit.course import launch
-from llmkit.engine import grammar
 from llmkit.llama import Batch, Context, Grammar, GrammarSampler, Sampler, SamplingParams
 from llmkit.server.protocol import ChatCompletionRequest, constraint_of
 
@@ -292,6 +292,8 @@ def test_llama_server_fields_json_schema_and_grammar(server):
         )
         text = r.json()["choices"][0]["text"]
         assert text in ("yes.", "no.") if "grammar" in body else validator(PERSON).is_valid(json.loads(text)), text
+    r = httpx.post(f"{server.url}/completion", json={"prompt": "Q: Is the sky blue?\nA:", "n_predict": 8, "grammar": yes_no}, timeout=120)
+    assert r.json()["generation_settings"]["grammar"] == yes_no  # the grammar's text, as llama-server reports it
 
 
 def test_json_object_forms(server):
@@ -712,9 +714,9 @@ def test_a_sampled_constrained_pick_follows_the_logits_step_after_step(model):
 
 def test_compile_converts_checks_and_caches(model):
     g = grammar.compile(grammar.Schema(PERSON), model)
-    assert isinstance(g, Grammar) and g == grammar.grammar_from_schema(PERSON)
+    assert isinstance(g, Grammar) and g.text == grammar.grammar_from_schema(PERSON)
     assert grammar.compile(grammar.Schema(json.loads(json.dumps(PERSON))), model) is g  # cached per schema text
-    assert grammar.compile(grammar.Gbnf(str(g)), model) is g  # ... and per grammar text: one parse
+    assert grammar.compile(grammar.Gbnf(g.text), model) is g  # ... and per grammar text: one parse
     with pytest.raises(grammar.GrammarError, match=r"^'response_format\.schema': the schema cannot be converted"):
         grammar.compile(grammar.Schema({"type": "foo"}, field="response_format.schema"), model)
     with pytest.raises(

@@ -23,7 +23,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from llmkit.engine import ContextSizeError, Piece, RequestParams, grammar
+from llmkit import grammar
+from llmkit.engine import ContextSizeError, Piece, RequestParams
 from llmkit.engine import Request as EngineRequest
 from llmkit.llama import Model
 from llmkit.server import sse

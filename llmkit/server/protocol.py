@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from llmkit.engine import RequestParams
-from llmkit.engine.grammar import Constraint, Gbnf, Schema
+from llmkit.grammar import Constraint, Gbnf, Schema
 from llmkit.llama import Grammar
 from llmkit.server.errors import ApiError
 from llmkit.server.tools import Tool, ToolCalling, renders_tools

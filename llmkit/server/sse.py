@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from llmkit.engine import Request
 from llmkit.engine.request import Piece, TokenLogprob
-from llmkit.llama import LLAMA_DEFAULT_SEED
+from llmkit.llama import LLAMA_DEFAULT_SEED, Grammar
 from llmkit.server.errors import ApiError
 from llmkit.server.tools import Delta, ToolCall
 
@@ -246,7 +246,7 @@ class NativeFormatter:
             "ignore_eos": p.ignore_eos,
             "stream": self.stream,
             "n_probs": r.n_probs,
-            "grammar": p.grammar or "",
+            "grammar": p.grammar.text if isinstance(p.grammar, Grammar) else p.grammar or "",
         }
 
     def final(self, request: Request, content: str, tokens: list[int], items: list[TokenLogprob]) -> dict:

@@ -33,7 +33,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Literal
 
-from llmkit.engine.grammar import grammar_from_schema
+from llmkit.grammar import grammar_from_schema
 from llmkit.text import StopMatcher
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"

@@ -26,7 +26,7 @@ from typing import Any
 
 from llama_cpp import llama_grammar
 
-from llmkit.engine.grammar.limits import (
+from llmkit.grammar.limits import (
     MAX_GRAMMAR_CHARS,
     MAX_GRAMMAR_NESTING,
     MAX_REPETITIONS,
@@ -34,7 +34,7 @@ from llmkit.engine.grammar.limits import (
     MAX_SCHEMA_DEPTH,
     GrammarError,
 )
-from llmkit.engine.grammar.ranges import BOUND_KEYS, int_bounds, int_range, number_bounds, number_range
+from llmkit.grammar.ranges import BOUND_KEYS, int_bounds, int_range, number_bounds, number_range
 
 # llama.cpp's "char" (common/json-schema-to-grammar.cpp): JSON forbids raw control characters in
 # strings, which the Python port's [^"\\] lets through (json.loads refuses such output).

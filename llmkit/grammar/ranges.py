@@ -32,7 +32,7 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import NamedTuple
 
-from llmkit.engine.grammar.limits import GrammarError
+from llmkit.grammar.limits import GrammarError
 
 DIGITS = 16  # at most, before and after the point (llama.cpp's integral-part and decimal-part)
 ANY_FRACTION = '("." [0-9]{1,16})?'
@@ -41,136 +41,116 @@ BOUND_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
 
 def int_range(lo: int | None, hi: int | None) -> str:
-    """GBNF for the decimal integers in [lo, hi], either end open (build_min_max_int in C++)."""
-    out: list[str] = []
-    w = out.append
+    """GBNF for the decimal integers in [lo, hi], either end open (build_min_max_int in C++).
 
-    def digit_range(a: str, b: str) -> None:
-        w(f"[{a}]" if a == b else f"[{a}-{b}]")
+    C++ writes it as one function with lambdas; here each case is named: ``_between`` for two
+    bounds, ``_at_least`` or ``_at_most`` for one, all built of digit classes ("[3-7]") and runs
+    of free digits ("[0-9]{2,15}").
+    """
+    if lo is not None and hi is not None:
+        return _between(lo, hi)
+    if lo is not None:
+        return _at_least(lo, DIGITS, top_level=True)
+    if hi is not None:
+        return _at_most(hi, DIGITS, top_level=True)
+    raise ValueError("an integer range needs a minimum or a maximum")
 
-    def more_digits(min_d: int, max_d: int | None) -> None:
-        w("[0-9]")
-        if min_d == max_d == 1:
-            return
-        w("{" + str(min_d) + ("" if max_d == min_d else "," + ("" if max_d is None else str(max_d))) + "}")
 
-    def uniform_range(a: str, b: str) -> None:  # a and b have the same number of digits
-        i = 0
-        while i < len(a) and i < len(b) and a[i] == b[i]:
-            i += 1
-        if i > 0:
-            w(f'"{a[:i]}"')
-        if i < len(a) and i < len(b):
-            if i > 0:
-                w(" ")
-            sub_len = len(a) - i - 1
-            if sub_len > 0:
-                a_sub, b_sub = a[i + 1 :], b[i + 1 :]
-                zeros, nines = "0" * sub_len, "9" * sub_len
-                to_reached = False
-                w("(")
-                if a_sub == zeros:
-                    digit_range(a[i], chr(ord(b[i]) - 1))
-                    w(" ")
-                    more_digits(sub_len, sub_len)
-                else:
-                    w(f"[{a[i]}] (")
-                    uniform_range(a_sub, nines)
-                    w(")")
-                    if ord(a[i]) < ord(b[i]) - 1:
-                        w(" | ")
-                        if b_sub == nines:
-                            digit_range(chr(ord(a[i]) + 1), b[i])
-                            to_reached = True
-                        else:
-                            digit_range(chr(ord(a[i]) + 1), chr(ord(b[i]) - 1))
-                        w(" ")
-                        more_digits(sub_len, sub_len)
-                if not to_reached:
-                    w(" | ")
-                    digit_range(b[i], b[i])
-                    w(" ")
-                    uniform_range(zeros, b_sub)
-                w(")")
-            else:
-                w(f"[{a[i]}-{b[i]}]")
+def _digit_range(a: str, b: str) -> str:
+    """One digit from ``a`` to ``b``: "[3-7]", or "[3]" for one."""
+    return f"[{a}]" if a == b else f"[{a}-{b}]"
 
-    def build(lo: int | None, hi: int | None, decimals_left: int = 16, top_level: bool = True) -> None:
-        if lo is not None and hi is not None:
-            if lo < 0 and hi < 0:
-                w('"-" (')
-                build(-hi, -lo, decimals_left, True)
-                w(")")
-                return
-            if lo < 0:
-                w('"-" (')
-                build(0, -lo, decimals_left, True)
-                w(") | ")
-                lo = 0
-            lo_s, hi_s = str(lo), str(hi)
-            for digits in range(len(lo_s), len(hi_s)):
-                uniform_range(lo_s, "9" * digits)
-                lo_s = "1" + "0" * digits
-                w(" | ")
-            uniform_range(lo_s, hi_s)
-            return
-        less = max(decimals_left - 1, 1)
-        if lo is not None:
-            if lo < 0:
-                w('"-" (')
-                build(None, -lo, decimals_left, False)
-                w(") | [0] | [1-9] ")
-                more_digits(0, decimals_left - 1)
-            elif lo == 0:
-                if top_level:
-                    w("[0] | [1-9] ")
-                    more_digits(0, less)
-                else:
-                    more_digits(1, decimals_left)
-            elif lo <= 9:
-                c, start = str(lo), "1" if top_level else "0"
-                if c > start:
-                    digit_range(start, chr(ord(c) - 1))
-                    w(" ")
-                    more_digits(1, less)
-                    w(" | ")
-                digit_range(c, "9")
-                w(" ")
-                more_digits(0, less)
-            else:
-                lo_s = str(lo)
-                c = lo_s[0]
-                if c > "1":
-                    digit_range("1" if top_level else "0", chr(ord(c) - 1))
-                    w(" ")
-                    more_digits(len(lo_s), less)
-                    w(" | ")
-                digit_range(c, c)
-                w(" (")
-                build(int(lo_s[1:]), None, less, False)
-                w(")")
-                if c < "9":
-                    w(" | ")
-                    digit_range(chr(ord(c) + 1), "9")
-                    w(" ")
-                    more_digits(len(lo_s) - 1, less)
-            return
-        if hi is not None:
-            if hi >= 0:
-                if top_level:
-                    w('"-" [1-9] ')
-                    more_digits(0, less)
-                    w(" | ")
-                build(0, hi, decimals_left, True)
-            else:
-                w('"-" (')
-                build(-hi, None, decimals_left, False)
-                w(")")
-            return
-        raise ValueError("an integer range needs a minimum or a maximum")
 
-    build(lo, hi)
-    return "".join(out)
+def _more_digits(min_d: int, max_d: int) -> str:
+    """``min_d`` to ``max_d`` free digits: "[0-9]", "[0-9]{3}", "[0-9]{0,15}"."""
+    if min_d == max_d == 1:
+        return "[0-9]"
+    return "[0-9]{" + str(min_d) + ("" if max_d == min_d else f",{max_d}") + "}"
+
+
+def _between(lo: int, hi: int) -> str:
+    """The integers in [lo, hi]: negatives as "-" and their magnitudes, then one range per number of digits
+    (10..99, 100..999, ...), each of numbers written with the same number of digits."""
+    if lo < 0 and hi < 0:
+        return f'"-" ({_between(-hi, -lo)})'
+    alts = []
+    if lo < 0:
+        alts.append(f'"-" ({_between(0, -lo)})')
+        lo = 0
+    lo_s, hi_s = str(lo), str(hi)
+    for digits in range(len(lo_s), len(hi_s)):
+        alts.append(_same_length_range(lo_s, "9" * digits))
+        lo_s = "1" + "0" * digits
+    alts.append(_same_length_range(lo_s, hi_s))
+    return " | ".join(alts)
+
+
+def _same_length_range(a: str, b: str) -> str:
+    """The integers from ``a`` to ``b``, digit strings of one length (uniform_range in C++): the digits
+    they share, as they are, then what may follow from the first digit where they differ."""
+    i = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
+    parts = [f'"{a[:i]}"'] if i > 0 else []
+    if i < len(a):
+        parts.append(_from_first_difference(a[i:], b[i:]) if len(a) - i > 1 else f"[{a[i]}-{b[i]}]")
+    return " ".join(parts)
+
+
+def _from_first_difference(a: str, b: str) -> str:
+    """The integers from ``a`` to ``b`` (one length, more than one digit, ``a[0] < b[0]``): those that start
+    with a's first digit, those that start with a digit between (any rest), those that start with b's."""
+    first_a, first_b, rest_a, rest_b = a[0], b[0], a[1:], b[1:]
+    n = len(rest_a)
+    zeros, nines = "0" * n, "9" * n
+    alts = []
+    b_covered = False  # b's first digit already among the middle ones (its rest is all nines)
+    if rest_a == zeros:  # a's first digit takes any rest: it joins the middle ones
+        alts.append(f"{_digit_range(first_a, str(int(first_b) - 1))} {_more_digits(n, n)}")
+    else:
+        alts.append(f"[{first_a}] ({_same_length_range(rest_a, nines)})")
+        if int(first_a) < int(first_b) - 1:
+            b_covered = rest_b == nines
+            last = first_b if b_covered else str(int(first_b) - 1)
+            alts.append(f"{_digit_range(str(int(first_a) + 1), last)} {_more_digits(n, n)}")
+    if not b_covered:
+        alts.append(f"{_digit_range(first_b, first_b)} {_same_length_range(zeros, rest_b)}")
+    return "(" + " | ".join(alts) + ")"
+
+
+def _at_least(lo: int, decimals_left: int, top_level: bool) -> str:
+    """The integers from ``lo`` up, of at most ``decimals_left`` digits; ``top_level`` false: the digits that
+    follow a first digit already written (so they may start with 0)."""
+    less = max(decimals_left - 1, 1)
+    if lo < 0:
+        return f'"-" ({_at_most(-lo, decimals_left, top_level=False)}) | [0] | [1-9] {_more_digits(0, decimals_left - 1)}'
+    if lo == 0:
+        return f"[0] | [1-9] {_more_digits(0, less)}" if top_level else _more_digits(1, decimals_left)
+    if lo <= 9:  # a smaller first digit and more digits after it, or lo's digit or larger and any digits after it
+        start = "1" if top_level else "0"
+        longer = [f"{_digit_range(start, str(lo - 1))} {_more_digits(1, less)}"] if str(lo) > start else []
+        return " | ".join([*longer, f"{_digit_range(str(lo), '9')} {_more_digits(0, less)}"])
+    return _at_least_many_digits(str(lo), less, top_level)
+
+
+def _at_least_many_digits(lo_s: str, less: int, top_level: bool) -> str:
+    """The integers from ``lo_s`` (two digits or more) up: a smaller first digit and more digits than lo,
+    lo's first digit and the rest of lo or above, a larger first digit and as many digits as lo or more."""
+    c, n = lo_s[0], len(lo_s)
+    alts = []
+    if c > "1":
+        alts.append(f"{_digit_range('1' if top_level else '0', str(int(c) - 1))} {_more_digits(n, less)}")
+    alts.append(f"{_digit_range(c, c)} ({_at_least(int(lo_s[1:]), less, top_level=False)})")
+    if c < "9":
+        alts.append(f"{_digit_range(str(int(c) + 1), '9')} {_more_digits(n - 1, less)}")
+    return " | ".join(alts)
+
+
+def _at_most(hi: int, decimals_left: int, top_level: bool) -> str:
+    """The integers up to ``hi`` (negatives of at most ``decimals_left`` digits); ``top_level`` false, with
+    ``hi`` >= 0: from 0 only, the magnitudes under a "-" that the caller wrote."""
+    if hi < 0:
+        return f'"-" ({_at_least(-hi, decimals_left, top_level=False)})'
+    negatives = f'"-" [1-9] {_more_digits(0, max(decimals_left - 1, 1))} | ' if top_level else ""
+    return negatives + _between(0, hi)
 
 
 def _bound(schema: dict, key: str, integer: bool) -> int | float | None:

@@ -23,7 +23,7 @@ import threading
 
 import numpy as np
 
-from llmkit.engine.grammar.limits import MAX_GRAMMAR_CHARS, MAX_GRAMMAR_NESTING, MAX_GRAMMAR_RULES, MAX_REPETITIONS, GrammarError
+from llmkit.grammar.limits import MAX_GRAMMAR_CHARS, MAX_GRAMMAR_NESTING, MAX_GRAMMAR_RULES, MAX_REPETITIONS, GrammarError
 from llmkit.llama import Grammar, Model
 
 
@@ -348,7 +348,7 @@ def _check(gbnf: str, model: Model) -> Grammar:
     llama_log = logging.getLogger("llmkit.llama")
     llama_log.addHandler(errors)
     try:
-        grammar = Grammar(gbnf, model)
+        grammar = Grammar.parse(gbnf, model)
     except ValueError:
         why = "; ".join(line.strip() for line in errors.lines) or "see the server log"
         raise GrammarError(f"llama.cpp refused the grammar: {why}") from None

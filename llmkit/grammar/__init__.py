@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmkit.engine.grammar.convert import ANY_JSON_OBJECT, grammar_from_schema, schema_text, unenforced_keywords
-from llmkit.engine.grammar.gbnf import check
-from llmkit.engine.grammar.limits import (
+from llmkit.grammar.convert import ANY_JSON_OBJECT, grammar_from_schema, schema_text, unenforced_keywords
+from llmkit.grammar.gbnf import check
+from llmkit.grammar.limits import (
     MAX_GRAMMAR_CHARS,
     MAX_GRAMMAR_NESTING,
     MAX_GRAMMAR_RULES,
