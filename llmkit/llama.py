@@ -24,7 +24,7 @@ import logging
 import mmap
 import os
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import llama_cpp as lc

@@ -10,6 +10,7 @@ POST /tokenize, /detokenize, /apply-template
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
