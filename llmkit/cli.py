@@ -67,6 +67,7 @@ def add_serve_parsers(sub: argparse._SubParsersAction) -> None:
     slots = serve.add_parser("slots", help="the OpenAI-compatible slot server: continuous batching over -np slots")
     add_common_server_flags(slots)
     add_engine_flags(slots)
+    add_kv_cache_flags(slots)
     slots.add_argument("-n", "--n-predict", type=int, default=-1, help="default max tokens per request (-1: no limit)")
     slots.add_argument("--temp", type=float, default=0.8, help="default sampling temperature (default 0.8, 0 = greedy)")
     slots.add_argument("--alias", help="model name shown to clients (default: the GGUF file name)")
@@ -100,6 +101,19 @@ def add_engine_flags(slots: argparse.ArgumentParser) -> None:
         help="one KV cache shared by all slots, each may use all of -c (default: on with -np auto, off with -np N); "
         "--no-kv-unified: a KV stream of -c / -np per slot",
     )
+    slots.add_argument("-b", "--batch-size", type=int, default=2048, help="max tokens per llama_decode (default 2048)")
+    slots.add_argument(
+        "--step-tokens",
+        type=int,
+        default=DEFAULT_STEP_TOKENS,
+        metavar="N",
+        help=f"token budget of one engine step: running streams first, then prompt chunks, so a burst of "
+        f"long prompts does not stall them (default {DEFAULT_STEP_TOKENS}; 0: up to -b, as llama-server)",
+    )
+
+
+def add_kv_cache_flags(slots: argparse.ArgumentParser) -> None:
+    """The KV cache's flags: the prompt cache in RAM, cache reuse, context shift (chapter 5)."""
     slots.add_argument(
         "--cache-ram", type=int, default=8192, metavar="MIB", help="host-RAM prompt cache size in MiB (default 8192, 0: off, -1: no limit)"
     )
@@ -121,15 +135,6 @@ def add_engine_flags(slots: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=False,
         help="when a generation fills its slot, drop tokens after n_keep and go on (default off)",
-    )
-    slots.add_argument("-b", "--batch-size", type=int, default=2048, help="max tokens per llama_decode (default 2048)")
-    slots.add_argument(
-        "--step-tokens",
-        type=int,
-        default=DEFAULT_STEP_TOKENS,
-        metavar="N",
-        help=f"token budget of one engine step: running streams first, then prompt chunks, so a burst of "
-        f"long prompts does not stall them (default {DEFAULT_STEP_TOKENS}; 0: up to -b, as llama-server)",
     )
 
 

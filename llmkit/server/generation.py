@@ -40,7 +40,7 @@ from llmkit.server.protocol import (
     params_from_body,
 )
 from llmkit.server.state import SYSTEM_FINGERPRINT, ServerState, State
-from llmkit.server.tools import TextParser, ToolCalling
+from llmkit.server.tools import CallParser, TextParser, ToolCalling
 
 log = logging.getLogger("llmkit.server")
 router = APIRouter()
@@ -142,46 +142,14 @@ async def answer(
     """The answers, whole (one object, or a list for several prompts) or streamed, each read as content and tool calls."""
     readers = [calling.parser() if calling is not None else TextParser() for _ in requests]
     if not body.stream:
-        whole = []
-        for request, fmt, reader in zip(requests, formats, readers, strict=True):
-            pieces = await collect(request, http_request)
-            log_usage(http_request, request)
-            for piece in pieces:
-                reader.push(piece.text)
-            reader.finish()
-            whole.append(fmt.response(request, pieces, reader))
+        whole = [
+            await answer_whole(http_request, request, fmt, reader) for request, fmt, reader in zip(requests, formats, readers, strict=True)
+        ]
         return whole[0] if len(whole) == 1 else whole
 
     streams = [aiter(request) for request in requests]
     first = await anext(streams[0], None)  # an error before the first token is an ordinary HTTP error
-
-    async def events() -> AsyncIterator[str]:
-        try:
-            for request, fmt, reader, pieces in zip(requests, formats, readers, streams, strict=True):
-                piece = first if request is requests[0] else await anext(pieces, None)
-                for obj in fmt.opening(request):
-                    yield fmt.frame(obj)
-                while piece is not None:
-                    for obj in fmt.chunk(request, piece, reader.push(piece.text)):
-                        yield fmt.frame(obj)
-                    piece = await anext(pieces, None)
-                held_back = reader.finish()  # text that could have begun a tool call, and did not
-                for obj in [
-                    *(fmt.chunk(request, Piece("", []), held_back) if held_back else []),
-                    *fmt.closing(request, reader, body.include_usage),
-                ]:
-                    yield fmt.frame(obj)
-            if formats[0].done:
-                yield formats[0].done
-        except Exception as exc:  # noqa: BLE001 -- the 200 is already sent: report in the stream, and end it
-            log.warning("stream of request %d failed: %s", request.id, exc)
-            for obj in fmt.error(ApiError(500, str(exc) or type(exc).__name__)):
-                yield fmt.frame(obj)
-        finally:
-            for pieces in streams:
-                await pieces.aclose()
-            for request in requests:  # what each got to, whether the client stayed or not
-                log_usage(http_request, request)
+    events = stream_events(http_request, body, list(zip(requests, formats, readers, streams, strict=True)), first)
 
     def cancel_all() -> None:
         for request in requests:
@@ -190,8 +158,53 @@ async def answer(
     # On a client disconnect Starlette cancels ``events`` and then runs the background
     # task: ``cancel`` frees the slots at the engine's next step (a no-op once finished).
     return StreamingResponse(
-        events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}, background=BackgroundTask(cancel_all)
+        events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}, background=BackgroundTask(cancel_all)
     )
+
+
+async def answer_whole(http_request: Request, request: EngineRequest, fmt: sse.WireFormat, reader: TextParser | CallParser) -> Any:
+    """One request's whole answer, once it is done."""
+    pieces = await collect(request, http_request)
+    log_usage(http_request, request)
+    for piece in pieces:
+        reader.push(piece.text)
+    reader.finish()
+    return fmt.response(request, pieces, reader)
+
+
+Stream = tuple[EngineRequest, sse.WireFormat, TextParser | CallParser, AsyncIterator[Piece]]  # request, format, reader, pieces
+
+
+async def stream_events(http_request: Request, body: GenerationRequest, streams: list[Stream], first: Piece | None) -> AsyncIterator[str]:
+    """Every request's frames, one request after the other: its opening, a chunk per piece, its closing; then the
+    format's end marker. An error after the 200 is reported in the stream, in the format's own shape."""
+    request, fmt = streams[0][0], streams[0][1]
+    try:
+        for request, fmt, reader, pieces in streams:
+            piece = first if request is streams[0][0] else await anext(pieces, None)
+            for obj in fmt.opening(request):
+                yield fmt.frame(obj)
+            while piece is not None:
+                for obj in fmt.chunk(request, piece, reader.push(piece.text)):
+                    yield fmt.frame(obj)
+                piece = await anext(pieces, None)
+            held_back = reader.finish()  # text that could have begun a tool call, and did not
+            for obj in [
+                *(fmt.chunk(request, Piece("", []), held_back) if held_back else []),
+                *fmt.closing(request, reader, body.include_usage),
+            ]:
+                yield fmt.frame(obj)
+        if streams[0][1].done:
+            yield streams[0][1].done
+    except Exception as exc:  # noqa: BLE001 -- the 200 is already sent: report in the stream, and end it
+        log.warning("stream of request %d failed: %s", request.id, exc)
+        for obj in fmt.error(ApiError(500, str(exc) or type(exc).__name__)):
+            yield fmt.frame(obj)
+    finally:
+        for _, _, _, pieces in streams:
+            await pieces.aclose()  # type: ignore[attr-defined]  # async generators (Request.__aiter__)
+        for request, *_ in streams:  # what each got to, whether the client stayed or not
+            log_usage(http_request, request)
 
 
 def log_usage(http_request: Request, request: EngineRequest) -> None:
