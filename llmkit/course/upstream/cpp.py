@@ -172,21 +172,30 @@ def definitions(path: Path, base: Path) -> Iterator[Symbol]:
                 name = text(child.child_by_field_name("name")) or "(anonymous)"
                 if child.type in TYPE_KINDS:
                     yield symbol(child, "::".join((*scope, name)), TYPE_KINDS[child.type])
-                yield from walk(child.child_by_field_name("body"), (*scope, name))
+                yield from walk(field(child, "body"), (*scope, name))
             else:
                 yield from walk(child, scope)
 
     def lambdas(function: Node, owner: str) -> Iterator[Symbol]:
         """``this->post_completions = [this](...) {...};``: route handlers are defined this way."""
-        for node in descendants(function.child_by_field_name("body")):
-            if node.type == "assignment_expression" and node.child_by_field_name("right").type == "lambda_expression":
-                left = node.child_by_field_name("left")
+        for node in descendants(field(function, "body")):
+            if node.type == "assignment_expression" and field(node, "right").type == "lambda_expression":
+                left = field(node, "left")
                 target = left.child_by_field_name("field") if left.type == "field_expression" else left
                 if target is not None and target.type in ("identifier", "field_identifier"):
-                    statement = node.parent if node.parent.type == "expression_statement" else node
+                    parent = node.parent
+                    statement = parent if parent is not None and parent.type == "expression_statement" else node
                     yield symbol(statement, "::".join(filter(None, (owner, text(target)))), "lambda")
 
     yield from walk(tree.root_node, ())
+
+
+def field(node: Node, name: str) -> Node:
+    """A child that nodes of this kind always have (a definition's body, an assignment's sides)."""
+    child = node.child_by_field_name(name)
+    if child is None:
+        raise LookupError(f"a {node.type} without its {name} at line {node.start_point[0] + 1}")
+    return child
 
 
 def function_name(node: Node) -> str | None:

@@ -17,6 +17,7 @@ import importlib
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from llmkit.course import tr
 from llmkit.course.upstream.cpp import Symbol
@@ -219,11 +220,11 @@ def llmkit_symbol(path: str) -> Symbol:
         return _constant(path)
     lines, first = inspect.getsourcelines(obj)
     first = max(first, 1)  # a module starts at 0
-    file = Path(inspect.getsourcefile(obj))
+    file = _source_file(obj)
     if nested:  # a function inside a function: its lines within the outer one
         node = _nested(obj, nested, path)
         top = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-        start, end = first + top - 1, first + node.end_lineno - 1
+        start, end = first + top - 1, first + (node.end_lineno or node.lineno) - 1
         kind = "function"
     else:
         start, end = first, first + len(lines) - 1
@@ -237,7 +238,7 @@ def _constant(path: str) -> Symbol:
     """A module-level constant (a table, say): the lines of its assignment."""
     module_path, name = path.rsplit(".", 1)
     module = importlib.import_module(module_path)
-    file = Path(inspect.getsourcefile(module))
+    file = _source_file(module)
     text = file.read_text()
     node = next(
         n
@@ -245,9 +246,18 @@ def _constant(path: str) -> Symbol:
         if isinstance(n, (ast.Assign, ast.AnnAssign))
         and name in [t.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)]
     )
-    lines = "\n".join(text.splitlines()[node.lineno - 1 : node.end_lineno])
+    end = node.end_lineno or node.lineno
+    lines = "\n".join(text.splitlines()[node.lineno - 1 : end])
     relative = file.resolve().relative_to(ROOT).as_posix()
-    return Symbol(path, "constant", relative, node.lineno, node.end_lineno, lines, language="python")
+    return Symbol(path, "constant", relative, node.lineno, end, lines, language="python")
+
+
+def _source_file(obj: Any) -> Path:
+    """The file an llmkit module, class or function is defined in (every one has a file)."""
+    file = inspect.getsourcefile(obj)
+    if file is None:
+        raise LookupError(f"{obj!r} has no source file")
+    return Path(file)
 
 
 def resolve(path: str) -> object:
@@ -273,11 +283,15 @@ def _locate(path: str) -> tuple[object, list[str]]:
     raise LookupError(f"no module for {path}")
 
 
-def _nested(outer: object, names: list[str], path: str) -> ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef:
-    node: ast.AST = ast.parse(inspect.getsource(outer)).body[0]
+Definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+
+
+def _nested(outer: Any, names: list[str], path: str) -> Definition:
+    node: ast.stmt = ast.parse(inspect.getsource(outer)).body[0]
     for name in names:
-        defs = [n for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name]
+        defs = [n for n in ast.walk(node) if isinstance(n, Definition) and n.name == name]
         if not defs:
             raise LookupError(f"{path}: no {name} inside")
         node = defs[0]
+    assert isinstance(node, Definition), f"{path}: not a function or class"
     return node
