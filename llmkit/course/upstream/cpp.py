@@ -178,7 +178,7 @@ def definitions(path: Path, base: Path) -> Iterator[Symbol]:
 
     def lambdas(function: Node, owner: str) -> Iterator[Symbol]:
         """``this->post_completions = [this](...) {...};``: route handlers are defined this way."""
-        for node in descendants(field(function, "body")):
+        for node in descendants(function.child_by_field_name("body")):  # (none: "= default", "= delete")
             if node.type == "assignment_expression" and field(node, "right").type == "lambda_expression":
                 left = field(node, "left")
                 target = left.child_by_field_name("field") if left.type == "field_expression" else left
