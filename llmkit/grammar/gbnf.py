@@ -142,104 +142,130 @@ class _GbnfReader:
         return alts
 
     def sequence(self, rule: str, nested: bool, depth: int) -> list[str | None]:
+        """The symbols of one alternative, up to "|", ")" or the end of the rule."""
         seq: list[str | None] = []
         last: int | None = None  # where the last symbol starts in seq (None: nothing to repeat)
         while self.pos < len(self.src):
-            c = self.peek()
-            if c == '"':
-                self.pos += 1
-                start = len(seq)
-                while self.peek() != '"':
-                    self.char()
-                    seq.append(None)
-                self.pos += 1
-                last = start if len(seq) > start else None
-                del seq[start + 1 :]  # a literal is one terminal for what we look at
-            elif c == "[":
-                self.pos += 1
-                if self.peek() == "^":
-                    self.pos += 1
-                while self.peek() != "]":
-                    self.char()
-                    if self.peek() == "-" and self.peek(1) != "]":
-                        self.pos += 1
-                        self.char()
-                self.pos += 1
-                last = len(seq)
-                seq.append(None)
-            elif c in "<!":
-                if c == "!":
-                    self.pos += 1
-                if self.peek() != "<":
-                    raise self.fail("expecting '<'")
-                end = self.src.find(">", self.pos)
-                if end < 0:
-                    raise self.fail("expecting '>'")
-                self.pos = end + 1
-                last = len(seq)
-                seq.append(None)
-            elif c.isascii() and (c.isalnum() or c == "-"):
-                at = self.pos
-                ref = self.name()
-                self.refs.setdefault(ref, at)
-                last = len(seq)
-                seq.append(ref)
-            elif c == "(":
-                if depth + 1 > MAX_GRAMMAR_NESTING:
-                    raise self.fail(f"groups nested more than {MAX_GRAMMAR_NESTING} deep")
-                self.pos += 1
-                self.space(True)
-                sub = self.generated(rule)
-                self.rules[sub] = self.alternates(rule, nested=True, depth=depth + 1)
-                if self.peek() != ")":
-                    raise self.fail("expecting ')'")
-                self.pos += 1
-                last = len(seq)
-                seq.append(sub)
-            elif c == ".":
-                self.pos += 1
-                last = len(seq)
-                seq.append(None)
-            elif c in "*+?{":
+            if self.peek() in "*+?{":
                 if last is None:
-                    raise self.fail(f"expecting an item before {c}")
-                self.pos += 1
-                if c == "{":
-                    self.space(nested)
-                    lo = self.integer()
-                    self.space(nested)
-                    if self.peek() == "}":
-                        hi: int | None = lo
-                    elif self.peek() == ",":
-                        self.pos += 1
-                        self.space(nested)
-                        hi = self.integer() if self.peek().isdigit() else None
-                        self.space(nested)
-                        if self.peek() != "}":
-                            raise self.fail("expecting '}'")
-                    else:
-                        raise self.fail("expecting ',' or '}'")
-                    self.pos += 1
-                    if lo > MAX_REPETITIONS:
-                        raise self.fail(f"more than {MAX_REPETITIONS} repetitions")
-                    if hi is not None and hi > MAX_REPETITIONS:
-                        hi = None  # llama.cpp too: no maximum
-                    if hi is not None and hi < lo:
-                        raise self.fail("a repetition's maximum is below its minimum")
-                else:
-                    lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
-                item = seq[last:]
-                del seq[last:]
-                seq.extend(item * min(lo, 2))  # for nullability and left corners, two copies say all
-                if hi is None or hi > lo:  # the optional part: R ::= item R | (empty), as llama.cpp
-                    rep = self.generated(rule)
-                    self.rules[rep] = [item + ([rep] if hi is None or hi - lo > 1 else []), []]
-                    seq.append(rep)
-                last = None if not seq[last:] else last
+                    raise self.fail(f"expecting an item before {self.peek()}")
+                last = self.repeat(rule, nested, seq, last)
             else:
-                break
+                symbols = self.item(rule, depth)
+                if symbols is None:
+                    break
+                last = len(seq) if symbols else None
+                seq.extend(symbols)
             self.space(nested)
         return seq
+
+    def item(self, rule: str, depth: int) -> list[str | None] | None:
+        """The symbols of the item that starts here (one, or none for ""), or None if no item starts here."""
+        c = self.peek()
+        if c == '"':
+            return self.literal()
+        if c == "[":
+            self.char_class()
+            return [None]
+        if c in "<!":
+            self.token()
+            return [None]
+        if c == ".":
+            self.pos += 1
+            return [None]
+        if c.isascii() and (c.isalnum() or c == "-"):
+            at = self.pos
+            ref = self.name()
+            self.refs.setdefault(ref, at)
+            return [ref]
+        if c == "(":
+            return [self.group(rule, depth)]
+        return None
+
+    def literal(self) -> list[str | None]:
+        """A "..." string: one terminal for what we look at, or nothing if it is empty."""
+        self.pos += 1
+        empty = True
+        while self.peek() != '"':
+            self.char()
+            empty = False
+        self.pos += 1
+        return [] if empty else [None]
+
+    def char_class(self) -> None:
+        """Skips a [...] character class, ranges and "^" included."""
+        self.pos += 1
+        if self.peek() == "^":
+            self.pos += 1
+        while self.peek() != "]":
+            self.char()
+            if self.peek() == "-" and self.peek(1) != "]":
+                self.pos += 1
+                self.char()
+        self.pos += 1
+
+    def token(self) -> None:
+        """Skips a token written <...> or !<...> (by id or by text)."""
+        if self.peek() == "!":
+            self.pos += 1
+        if self.peek() != "<":
+            raise self.fail("expecting '<'")
+        end = self.src.find(">", self.pos)
+        if end < 0:
+            raise self.fail("expecting '>'")
+        self.pos = end + 1
+
+    def group(self, rule: str, depth: int) -> str:
+        """A ( ... ) group, made a rule of its own; returns its name."""
+        if depth + 1 > MAX_GRAMMAR_NESTING:
+            raise self.fail(f"groups nested more than {MAX_GRAMMAR_NESTING} deep")
+        self.pos += 1
+        self.space(True)
+        sub = self.generated(rule)
+        self.rules[sub] = self.alternates(rule, nested=True, depth=depth + 1)
+        if self.peek() != ")":
+            raise self.fail("expecting ')'")
+        self.pos += 1
+        return sub
+
+    def repeat(self, rule: str, nested: bool, seq: list[str | None], last: int) -> int | None:
+        """Applies *, +, ? or {m,n} to the item at ``seq[last:]``; returns where that item now starts (None: gone)."""
+        c = self.peek()
+        self.pos += 1
+        lo, hi = self.braces(nested) if c == "{" else {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
+        item = seq[last:]
+        del seq[last:]
+        seq.extend(item * min(lo, 2))  # for nullability and left corners, two copies say all
+        if hi is None or hi > lo:  # the optional part: R ::= item R | (empty), as llama.cpp
+            rep = self.generated(rule)
+            self.rules[rep] = [item + ([rep] if hi is None or hi - lo > 1 else []), []]
+            seq.append(rep)
+        return None if not seq[last:] else last
+
+    def braces(self, nested: bool) -> tuple[int, int | None]:
+        """The minimum and maximum of {m}, {m,} or {m,n} (None: no maximum), read after the "{"."""
+        self.space(nested)
+        lo = self.integer()
+        self.space(nested)
+        if self.peek() == "}":
+            hi: int | None = lo
+        elif self.peek() == ",":
+            self.pos += 1
+            self.space(nested)
+            hi = self.integer() if self.peek().isdigit() else None
+            self.space(nested)
+            if self.peek() != "}":
+                raise self.fail("expecting '}'")
+        else:
+            raise self.fail("expecting ',' or '}'")
+        self.pos += 1
+        if lo > MAX_REPETITIONS:
+            raise self.fail(f"more than {MAX_REPETITIONS} repetitions")
+        if hi is not None and hi > MAX_REPETITIONS:
+            hi = None  # llama.cpp too: no maximum
+        if hi is not None and hi < lo:
+            raise self.fail("a repetition's maximum is below its minimum")
+        return lo, hi
 
 
 def _check_left_recursion(rules: dict[str, list[list[str | None]]]) -> None:
@@ -251,6 +277,20 @@ def _check_left_recursion(rules: dict[str, list[list[str | None]]]) -> None:
     cases). Through last symbols only, the stack keeps its size and llama.cpp's
     "seen" set stops the loop, so those are left to llama.cpp.
     """
+    edges = _left_references(rules, _nullable(rules))
+    component = _Components(edges).of
+    for name, out in edges.items():
+        for target, grows in out:
+            if grows and component[target] == component[name]:
+                shown = name.split("_")[0]  # groups and repetitions are named after their rule
+                raise GrammarError(
+                    f"the grammar is left-recursive: rule {shown!r} can come back to itself without "
+                    "consuming any text (llama.cpp cannot run such a grammar; rewrite it with right recursion or *)"
+                )
+
+
+def _nullable(rules: dict[str, list[list[str | None]]]) -> set[str]:
+    """The rules that may match nothing: those with an alternative made only of such rules (until none is added)."""
     nullable: set[str] = set()
     changed = True
     while changed:
@@ -259,6 +299,11 @@ def _check_left_recursion(rules: dict[str, list[list[str | None]]]) -> None:
             if name not in nullable and any(all(s is not None and s in nullable for s in alt) for alt in alts):
                 nullable.add(name)
                 changed = True
+    return nullable
+
+
+def _left_references(rules: dict[str, list[list[str | None]]], nullable: set[str]) -> dict[str, list[tuple[str, bool]]]:
+    """Each rule's references reachable before any text, each with whether more symbols follow it."""
     edges: dict[str, list[tuple[str, bool]]] = {name: [] for name in rules}
     for name, alts in rules.items():
         for alt in alts:
@@ -268,51 +313,63 @@ def _check_left_recursion(rules: dict[str, list[list[str | None]]]) -> None:
                 edges[name].append((sym, i < len(alt) - 1))
                 if sym not in nullable:
                     break
-    # strongly connected components (Tarjan's algorithm, iterative)
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    comp: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    counter = 0
-    for start in rules:
-        if start in index:
-            continue
+    return edges
+
+
+class _Components:
+    """The strongly connected components of a graph of rules (Tarjan's algorithm).
+
+    Iterative: a chain of rules as long as the limit allows would overflow Python's recursion.
+    ``of`` maps each rule to its component (the index of the component's first rule found).
+    """
+
+    def __init__(self, edges: dict[str, list[tuple[str, bool]]]):
+        self.edges = edges
+        self.index: dict[str, int] = {}  # rule -> order of discovery
+        self.low: dict[str, int] = {}  # rule -> the lowest index it reaches among the rules on the stack
+        self.of: dict[str, int] = {}
+        self.stack: list[str] = []
+        self.on_stack: set[str] = set()
+        for start in edges:
+            if start not in self.index:
+                self.explore(start)
+
+    def explore(self, start: str) -> None:
+        """Depth first from ``start``, a work list of (rule, its next edge) in place of recursion."""
         work = [(start, 0)]
         while work:
             node, i = work.pop()
             if i == 0:
-                index[node] = low[node] = counter
-                counter += 1
-                stack.append(node)
-                on_stack.add(node)
-            out = edges[node]
+                self.enter(node)
+            out = self.edges[node]
             if i < len(out):
                 work.append((node, i + 1))
                 nxt = out[i][0]
-                if nxt not in index:
+                if nxt not in self.index:
                     work.append((nxt, 0))
-                elif nxt in on_stack:
-                    low[node] = min(low[node], index[nxt])
+                elif nxt in self.on_stack:
+                    self.low[node] = min(self.low[node], self.index[nxt])
                 continue
-            if low[node] == index[node]:
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    comp[member] = index[node]
-                    if member == node:
-                        break
+            if self.low[node] == self.index[node]:
+                self.close(node)
             if work:
                 parent = work[-1][0]
-                low[parent] = min(low[parent], low[node])
-    for name, out in edges.items():
-        for target, grows in out:
-            if grows and comp[target] == comp[name]:
-                shown = name.split("_")[0]  # groups and repetitions are named after their rule
-                raise GrammarError(
-                    f"the grammar is left-recursive: rule {shown!r} can come back to itself without "
-                    "consuming any text (llama.cpp cannot run such a grammar; rewrite it with right recursion or *)"
-                )
+                self.low[parent] = min(self.low[parent], self.low[node])
+
+    def enter(self, node: str) -> None:
+        """Numbers a rule seen for the first time and puts it on the stack."""
+        self.index[node] = self.low[node] = len(self.index)
+        self.stack.append(node)
+        self.on_stack.add(node)
+
+    def close(self, root: str) -> None:
+        """Pops the component whose first rule is ``root`` off the stack."""
+        while True:
+            member = self.stack.pop()
+            self.on_stack.discard(member)
+            self.of[member] = self.index[root]
+            if member == root:
+                break
 
 
 class _LlamaErrors(logging.Handler):

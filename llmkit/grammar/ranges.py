@@ -264,44 +264,58 @@ def _fraction(a: str | None, a_exclusive: bool, b: str | None, b_exclusive: bool
     that bound's next digit (a bound past its last digit goes on with zeros); once it differs, the
     rest is free. Stopping is allowed when the zeros that follow keep d inside both bounds.
     """
+    fraction = _Fraction(a_exclusive, b_exclusive)
+    after_point = fraction.digits(a, b, DIGITS, stop=False)
+    if after_point is None:
+        return "" if fraction.may_stop(a, b) else None
+    return f'("." {after_point})?' if fraction.may_stop(a, b) else f'"." {after_point}'
 
-    def may_stop(a: str | None, b: str | None) -> bool:
-        above = a is None or (not a.strip("0") and not a_exclusive)  # 0.d000... >= 0.a
-        below = b is None or not b_exclusive or bool(b.strip("0"))  # 0.d000... <= 0.b
+
+class _Fraction(NamedTuple):
+    """``_fraction``'s digit-by-digit construction, for bounds each exclusive or not (a and b: their digits left)."""
+
+    a_exclusive: bool
+    b_exclusive: bool
+
+    def may_stop(self, a: str | None, b: str | None) -> bool:
+        """Whether the digits written so far may end here: 0.d000... is still inside both bounds."""
+        above = a is None or (not a.strip("0") and not self.a_exclusive)  # 0.d000... >= 0.a
+        below = b is None or not self.b_exclusive or bool(b.strip("0"))  # 0.d000... <= 0.b
         return above and below
 
-    def digits(a: str | None, b: str | None, n: int, stop: bool) -> str | None:
-        if a == "" and not a_exclusive:
+    def digits(self, a: str | None, b: str | None, n: int, stop: bool) -> str | None:
+        """GBNF for at most ``n`` more digits inside the bounds (with ``stop``, none at all may do); None if nothing fits."""
+        if a == "" and not self.a_exclusive:
             a = None  # on the lower bound already: whatever follows stays above it
         if b == "":  # on the upper bound: only zeros may follow (nothing, past an exclusive one)
-            if b_exclusive or a:
+            if self.b_exclusive or a:
                 return None
             return f'"0"{{{0 if stop else 1},{n}}}' if n else "" if stop else None
         if a == "" and b is None:  # just on an exclusive lower bound: some digit must be above 0
             if not n:
                 return None
             return (f'"0"{{0,{n - 1}}} [1-9] [0-9]{{0,{n - 1}}}') if n > 1 else "[1-9]"
-        alts = []
-        if n > 0:
-            low = int(a[0]) if a else 0  # the lower bound's next digit (0 past its end, or if open)
-            high = 9 if b is None else int(b[0]) if b else 0
-            free_low, free_high = low + (a is not None), high - (b is not None)
-            if free_low <= free_high:  # passes the tight bounds: the rest is free
-                rest = f" [0-9]{{0,{n - 1}}}" if n > 1 else ""
-                alts.append(f"[{free_low}-{free_high}]{rest}" if free_low < free_high else f"[{free_low}]{rest}")
-            # the lower bound's digit: still tight on it
-            tight_b = b[1:] if b is not None and low == high else None
-            if a is not None and low <= high and (sub := digits(a[1:], tight_b, n - 1, True)) is not None:
-                alts.append(f'"{low}" {sub}'.rstrip())
-            # the upper bound's digit: still tight on it
-            if b is not None and (a is None or high > low) and (sub := digits(None, b[1:], n - 1, True)) is not None:
-                alts.append(f'"{high}" {sub}'.rstrip())
+        alts = self.next_digit(a, b, n) if n > 0 else []
+        stops = stop and self.may_stop(a, b)
         if not alts:
-            return "" if stop and may_stop(a, b) else None
+            return "" if stops else None
         body = alts[0] if len(alts) == 1 else "(" + " | ".join(alts) + ")"
-        return f"({body})?" if stop and may_stop(a, b) else body
+        return f"({body})?" if stops else body
 
-    after_point = digits(a, b, DIGITS, stop=False)
-    if after_point is None:
-        return "" if may_stop(a, b) else None
-    return f'("." {after_point})?' if may_stop(a, b) else f'"." {after_point}'
+    def next_digit(self, a: str | None, b: str | None, n: int) -> list[str]:
+        """The ways on from the next digit: one between the bounds' digits (the rest free), or either bound's digit."""
+        low = int(a[0]) if a else 0  # the lower bound's next digit (0 past its end, or if open)
+        high = 9 if b is None else int(b[0]) if b else 0
+        free_low, free_high = low + (a is not None), high - (b is not None)
+        alts = []
+        if free_low <= free_high:  # passes the tight bounds: the rest is free
+            rest = f" [0-9]{{0,{n - 1}}}" if n > 1 else ""
+            alts.append(f"[{free_low}-{free_high}]{rest}" if free_low < free_high else f"[{free_low}]{rest}")
+        # the lower bound's digit: still tight on it
+        tight_b = b[1:] if b is not None and low == high else None
+        if a is not None and low <= high and (sub := self.digits(a[1:], tight_b, n - 1, True)) is not None:
+            alts.append(f'"{low}" {sub}'.rstrip())
+        # the upper bound's digit: still tight on it
+        if b is not None and (a is None or high > low) and (sub := self.digits(None, b[1:], n - 1, True)) is not None:
+            alts.append(f'"{high}" {sub}'.rstrip())
+        return alts
