@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import io
 import re
 import subprocess
@@ -162,6 +163,41 @@ def test_every_row_of_the_map_exists_on_both_sides(row):
     name, head = row.llmkit.rsplit(".", 1)[-1], "\n".join(ours.text.lstrip().splitlines()[:3])  # decorators first
     assert re.search(rf"^\s*(async def|def|class)\s+{name}\b|^{name}\s*=", head, re.MULTILINE), head
     assert (LLMKIT.parent / ours.path).read_text().splitlines()[ours.start - 1 : ours.end] == ours.text.splitlines()
+
+
+def head_cut(symbol: upstream.Symbol) -> str:
+    """A definition's text without its head (decorators, then its first line): a fragment must show the work, not the name."""
+    lines = symbol.text.lstrip().splitlines()
+    while lines and lines[0].lstrip().startswith("@"):
+        lines.pop(0)
+    return "\n".join(lines[1:])
+
+
+def fragments_missing(row: mapping.Counterpart) -> list[str]:
+    """Which of the row's two fragments its symbols do not hold (the C++: any definition of that name in row.file)."""
+    theirs = [head_cut(s) for s in upstream.find_all(row.upstream) if s.path == row.file]
+    ours = head_cut(upstream.llmkit_symbol(row.llmkit))
+    missing = [] if any(row.in_upstream in text for text in theirs) else [f"{row.upstream} has no {row.in_upstream!r}"]
+    return missing + ([] if row.in_llmkit in ours else [f"{row.llmkit} has no {row.in_llmkit!r}"])
+
+
+@pytest.mark.parametrize("row", mapping.MAP, ids=lambda r: f"{r.llmkit}~{r.upstream}")
+def test_every_row_of_the_map_shows_the_same_work_on_both_sides(row):
+    assert not fragments_missing(row)
+
+
+def test_a_row_that_points_to_the_wrong_function_is_caught():
+    row = next(r for r in mapping.MAP if r.llmkit == "llmkit.engine.slot.Slot.reuse_chunks")
+    assert not fragments_missing(row)
+    # the map's own mistake until the n_cache_reuse loop was found in pre_decode: both symbols exist, so only the fragment tells
+    wrong_cpp = dataclasses.replace(row, upstream="server_context_impl::update_slots")
+    test_every_row_of_the_map_exists_on_both_sides(wrong_cpp)
+    assert fragments_missing(wrong_cpp) == [f"server_context_impl::update_slots has no {row.in_upstream!r}"]
+    wrong_py = dataclasses.replace(row, llmkit="llmkit.engine.slot.Slot.shift_context")  # the same C++ function, another job
+    test_every_row_of_the_map_exists_on_both_sides(wrong_py)
+    assert fragments_missing(wrong_py) == [f"llmkit.engine.slot.Slot.shift_context has no {row.in_llmkit!r}"]
+    in_the_head = dataclasses.replace(row, in_upstream="void pre_decode()", in_llmkit="def reuse_chunks(")  # names, not work
+    assert len(fragments_missing(in_the_head)) == 2
 
 
 def test_a_missing_symbol_on_either_side_is_caught():
