@@ -74,6 +74,9 @@ def add_serve_parsers(sub: argparse._SubParsersAction) -> None:
     slots.add_argument("--api-key", help="require this key (Authorization: Bearer KEY or X-Api-Key); /health stays public")
     slots.add_argument("--metrics", action="store_true", help="enable GET /metrics (Prometheus)")
     slots.add_argument("--slots", action=argparse.BooleanOptionalAction, default=True, help="enable GET /slots (default on)")
+    slots.add_argument(
+        "--sse-ping-interval", type=int, default=30, metavar="S", help="ping a stream after S seconds of silence (default 30; <= 0: never)"
+    )
     slots.add_argument("--max-body-size", type=int, default=10 * 2**20, help="largest request body in bytes (default 10 MiB)")
 
 
@@ -243,6 +246,7 @@ def serve_slots(args: argparse.Namespace) -> int:
     settings = Settings(
         alias=args.alias, api_key=args.api_key, n_predict=args.n_predict, temperature=args.temp, seed=args.seed,
         metrics=args.metrics, slots=args.slots, max_body_size=args.max_body_size, n_threads=args.threads,
+        sse_ping_interval=args.sse_ping_interval,
     )  # fmt: skip
     app = create_app(load, settings)  # /health answers 503 until load() returns
     # access_log=False: the app logs one line per request itself, with token counts.

@@ -123,7 +123,8 @@ def test_busy_slots_are_never_chosen_and_id_slot_waits_for_its_slot():
 def test_which_choices_go_through_the_prompt_cache():
     lru = idle(0, list(range(500, 600)))
     assert swaps_prompt(lru, Request(PROMPT))  # chosen as least recently used: its prompt is not this one
-    assert not swaps_prompt(lru, Request(PROMPT, RequestParams(id_slot=0)))  # named by id_slot, no similarity: kept as it is
+    assert swaps_prompt(lru, Request(PROMPT, RequestParams(id_slot=0)))  # named by id_slot, not similar: f_keep = 0 < 0.5
+    assert not swaps_prompt(idle(0, []), Request(PROMPT, RequestParams(id_slot=0)))  # named and empty: f_keep = 0/0, no update
     assert not swaps_prompt(lru, Request(PROMPT, RequestParams(cache_prompt=False)))
     keeps_most = idle(0, PROMPT[:80] + [7] * 20)  # similar, and keeps 80 % of what it holds
     assert not swaps_prompt(keeps_most, Request(PROMPT))

@@ -50,13 +50,16 @@ class FakeModel:
 class FakeEngine:
     """``submit`` runs ``script(request)`` at once: the request's events are queued before anyone reads."""
 
-    def __init__(self, script: Callable[[Request], None] = lambda r: r.finish(End.EOS)):
+    def __init__(self, script: Callable[[Request], None] = lambda r: r.finish(End.EOS), *, starts: bool = True):
         self.model = FakeModel()
         self.script = script
+        self.starts = starts  # whether a request gets a slot (else the script ends it before it starts)
         self.closed = False
 
     def submit(self, prompt, params=None) -> Request:
         request = Request(prompt, params)
+        if self.starts:
+            request.start(0, n_cached=0, n_moved=0)
         self.script(request)
         return request
 
@@ -137,13 +140,35 @@ def test_an_unexpected_exception_is_a_json_500_and_the_server_keeps_serving():
         assert httpx.get(url + "/health").status_code == 200
 
 
-def test_an_engine_error_before_the_first_token_is_an_http_error():
-    engine = FakeEngine(lambda r: r.finish(None, EngineError("llama_decode failed")))
+def test_a_request_that_fails_to_start_is_an_http_error_even_streamed():
+    engine = FakeEngine(lambda r: r.finish(None, EngineError("saving the slot's prompt failed")), starts=False)
     with launch.serve_app(create_app(engine, Settings(alias="fake"))) as url:
         for stream in (True, False):
             r = httpx.post(url + "/v1/chat/completions", json={**CHAT, "stream": stream})
             assert r.status_code == 500 and r.headers["content-type"] == "application/json"
-            assert r.json() == {"error": {"code": 500, "message": "llama_decode failed", "type": "server_error"}}
+            assert r.json() == {"error": {"code": 500, "message": "saving the slot's prompt failed", "type": "server_error"}}
+
+
+def test_once_started_a_stream_is_a_200_and_an_error_before_the_first_token_comes_inside_it():
+    """As llama-server: the status line goes out when a slot takes the request (its "begin" result), before the prompt."""
+    engine = FakeEngine(lambda r: r.finish(None, EngineError("llama_decode failed")))
+    with launch.serve_app(create_app(engine, Settings(alias="fake"))) as url:
+        r = httpx.post(url + "/v1/chat/completions", json=CHAT)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        assert [json.loads(e) for e in events(r)] == [{"error": {"code": 500, "message": "llama_decode failed", "type": "server_error"}}]
+        whole = httpx.post(url + "/v1/chat/completions", json={**CHAT, "stream": False})
+        assert whole.status_code == 500 and whole.json()["error"]["message"] == "llama_decode failed"
+
+
+def test_a_quiet_stream_gets_pings_until_its_first_piece():
+    def script(r: Request) -> None:  # the prompt takes 1.6 s to read
+        threading.Timer(1.6, lambda: (r.emit(Piece("Hi", [1])), r.finish(End.EOS))).start()
+
+    with launch.serve_app(create_app(FakeEngine(script), Settings(alias="fake", sse_ping_interval=1))) as url:
+        quiet = httpx.post(url + "/v1/chat/completions", json=CHAT, timeout=httpx.Timeout(5, read=1.4))  # each wait under 1.6 s
+        never = httpx.post(url + "/v1/chat/completions", json={**CHAT, "sse_ping_interval": -1})
+    assert quiet.text.startswith(":\n\ndata: ") and events(quiet)[-1] == "[DONE]"  # one ping, then the answer
+    assert not never.text.startswith(":")
 
 
 def test_an_engine_error_after_the_first_token_ends_the_stream_with_an_error_event():

@@ -182,6 +182,7 @@ class Engine:
             try:  # outside the lock: building a grammar sampler can take a while
                 self.swap_prompt(slot, request)
                 slot.start(request, self.ctx, self.model)
+                request.wake()  # a streamed answer can send its status line now (llama-server: the begin result)
             except Exception as exc:  # noqa: BLE001 -- a bad sampler (a grammar) or a failed prompt-cache copy fails this request alone
                 slot.release(self.ctx)
                 self._fail(request, exc)

@@ -274,7 +274,29 @@ class Request:
         if self.error is not None:
             raise self.error
 
-    async def __aiter__(self) -> AsyncGenerator[Piece, None]:
+    async def started(self) -> None:
+        """Wait until the request holds a slot (or ended before it got one: its error is raised here).
+
+        A streamed answer sends its status line then, before the prompt is read (llama-server:
+        the empty "begin" result of pre_decode). A reader that leaves while it waits cancels it.
+        """
+        with self._cond:
+            self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        try:
+            while True:
+                self._wake.clear()
+                if self.status is not Status.WAITING:
+                    break
+                await self._wake.wait()
+        except BaseException:
+            self.cancel()
+            raise
+        if self.slot_id is None and self.error is not None:  # it never started
+            raise self.error
+
+    async def pieces(self, silence: float | None = None) -> AsyncGenerator[Piece | None, None]:
+        """The pieces as they come; with ``silence`` (seconds), also None each time that long passes
+        without one: a streamed answer sends a ping then (llama-server: --sse-ping-interval)."""
         with self._cond:
             self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
         try:
@@ -283,16 +305,23 @@ class Request:
                     item = self._take() if self._events else None
                     if item is None:
                         self._wake.clear()
-                if item is None:
-                    await self._wake.wait()
-                    continue
                 if item is _END:
                     break
-                yield item
+                if item is not None:
+                    yield item
+                    continue
+                try:
+                    async with asyncio.timeout(silence):
+                        await self._wake.wait()
+                except TimeoutError:
+                    yield None
         finally:
             self.cancel()
         if self.error is not None:
             raise self.error
+
+    def __aiter__(self) -> AsyncGenerator[Piece, None]:
+        return self.pieces()  # type: ignore[return-value]  # with no silence given, never None
 
     def result(self) -> str:
         """Block until done; the whole text (raises the engine's error, if any)."""

@@ -40,18 +40,20 @@ def choose_slot(slots: list[Slot], request: Request) -> Slot | None:
 def swaps_prompt(slot: Slot, request: Request) -> bool:
     """Whether the chosen slot's prompt goes to the prompt cache and the best cached one comes back.
 
-    llama-server's ``update_cache`` in ``get_available_slot``: yes when the slot was
-    chosen as least recently used (its prompt is not the request's), or chosen by
-    similarity but would keep under half of what it holds; no when ``id_slot``
-    named it. (And no without ``cache_prompt``: the request would throw the
-    restored prompt away.)
+    llama-server's ``update_cache`` in ``get_available_slot``: yes when the slot would keep
+    under half of what it holds (``f_keep < 0.5``), which covers a slot chosen as least
+    recently used (its prompt is not the request's) and one named by ``id_slot`` that
+    shares little with the prompt (a named slot "still goes through cache update logic";
+    an empty one does not: its f_keep is 0/0); no when the prompt is similar and keeps at
+    least half. (And no without ``cache_prompt``: the request would throw the restored
+    prompt away.)
     """
     if not request.params.cache_prompt:
         return False
     lcp = common_prefix(slot.cache_tokens, request.prompt)
     if lcp / len(request.prompt) > SIMILARITY_THRESHOLD:  # chosen by similarity (Slot.similarity)
         return lcp / len(slot.cache_tokens) < KEEP_THRESHOLD
-    return request.params.id_slot is None
+    return request.params.id_slot is None or bool(slot.cache_tokens)  # least recently used, or named and not similar
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -82,7 +82,7 @@ async def completion(body: NativeCompletionRequest, http_request: Request, state
         for request in requests:
             request.cancel()
         raise
-    return await answer(http_request, body, requests, formats)
+    return await answer(http_request, state, body, requests, formats)
 
 
 def openai_formatter(state: ServerState, body: GenerationRequest, *, chat: bool) -> sse.Formatter:
@@ -113,7 +113,7 @@ async def generate(
 ) -> Any:
     """Submit the prompt; answer with the whole completion, or stream it."""
     request = await submit(http_request, state, body, prompt, calling)
-    return await answer(http_request, body, [request], [fmt], calling)
+    return await answer(http_request, state, body, [request], [fmt], calling)
 
 
 async def submit(
@@ -134,12 +134,18 @@ async def submit(
 
 async def answer(
     http_request: Request,
+    state: ServerState,
     body: GenerationRequest,
     requests: list[EngineRequest],
     formats: list[sse.WireFormat],
     calling: ToolCalling | None = None,
 ) -> Any:
-    """The answers, whole (one object, or a list for several prompts) or streamed, each read as content and tool calls."""
+    """The answers, whole (one object, or a list for several prompts) or streamed, each read as content and tool calls.
+
+    A stream's status line goes out once a slot holds the (first) request, before its prompt is read, as
+    llama-server sends it on its "begin" result: an error before that (the request failed to start) is an
+    ordinary HTTP error, one after it comes inside the stream. A ping keeps a quiet stream alive (a long prompt).
+    """
     readers = [calling.parser() if calling is not None else TextParser() for _ in requests]
     if not body.stream:
         whole = [
@@ -147,9 +153,10 @@ async def answer(
         ]
         return whole[0] if len(whole) == 1 else whole
 
-    streams = [aiter(request) for request in requests]
-    first = await anext(streams[0], None)  # an error before the first token is an ordinary HTTP error
-    events = stream_events(http_request, body, list(zip(requests, formats, readers, streams, strict=True)), first)
+    await requests[0].started()
+    silence = body.sse_ping_interval if body.sse_ping_interval is not None else state.settings.sse_ping_interval
+    streams = [request.pieces(silence if silence > 0 else None) for request in requests]
+    events = stream_events(http_request, body, list(zip(requests, formats, readers, streams, strict=True)))
 
     def cancel_all() -> None:
         for request in requests:
@@ -172,27 +179,29 @@ async def answer_whole(http_request: Request, request: EngineRequest, fmt: sse.W
     return fmt.response(request, pieces, reader)
 
 
-Stream = tuple[EngineRequest, sse.WireFormat, TextParser | CallParser, AsyncIterator[Piece]]  # request, format, reader, pieces
+Stream = tuple[
+    EngineRequest, sse.WireFormat, TextParser | CallParser, AsyncGenerator[Piece | None, None]
+]  # request, format, reader, pieces
+PING = ":\n\n"  # an SSE comment: clients skip it, and their read timeout starts again (llama-server's)
 
 
-async def stream_events(http_request: Request, body: GenerationRequest, streams: list[Stream], first: Piece | None) -> AsyncIterator[str]:
-    """Every request's frames, one request after the other: its opening, a chunk per piece, its closing; then the
-    format's end marker. An error after the 200 is reported in the stream, in the format's own shape."""
+async def stream_events(http_request: Request, body: GenerationRequest, streams: list[Stream]) -> AsyncIterator[str]:
+    """Every request's frames, one request after the other: its opening with its first piece, a chunk per piece,
+    its closing; then the format's end marker. An error after the 200 is reported in the stream, in the format's shape."""
     request, fmt = streams[0][0], streams[0][1]
     try:
         for request, fmt, reader, pieces in streams:
-            piece = first if request is streams[0][0] else await anext(pieces, None)
-            for obj in fmt.opening(request):
-                yield fmt.frame(obj)
-            while piece is not None:
-                for obj in fmt.chunk(request, piece, reader.push(piece.text)):
+            opening = fmt.opening(request)  # sent with the first piece, as llama-server's first partial result
+            async for piece in pieces:
+                if piece is None:
+                    yield PING
+                    continue
+                for obj in [*opening, *fmt.chunk(request, piece, reader.push(piece.text))]:
                     yield fmt.frame(obj)
-                piece = await anext(pieces, None)
+                opening = []
             held_back = reader.finish()  # text that could have begun a tool call, and did not
-            for obj in [
-                *(fmt.chunk(request, Piece("", []), held_back) if held_back else []),
-                *fmt.closing(request, reader, body.include_usage),
-            ]:
+            last = fmt.chunk(request, Piece("", []), held_back) if held_back else []
+            for obj in [*opening, *last, *fmt.closing(request, reader, body.include_usage)]:
                 yield fmt.frame(obj)
         if streams[0][1].done:
             yield streams[0][1].done
@@ -202,7 +211,7 @@ async def stream_events(http_request: Request, body: GenerationRequest, streams:
             yield fmt.frame(obj)
     finally:
         for _, _, _, pieces in streams:
-            await pieces.aclose()  # type: ignore[attr-defined]  # async generators (Request.__aiter__)
+            await pieces.aclose()
         for request, *_ in streams:  # what each got to, whether the client stayed or not
             log_usage(http_request, request)
 

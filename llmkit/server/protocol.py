@@ -96,6 +96,7 @@ class GenerationRequest(ApiModel):
     n_cache_reuse: Annotated[int, Field(ge=0)] | None = None  # None: the server's --cache-reuse
     grammar: str | None = None
     json_schema: dict | None = None
+    sse_ping_interval: int | None = None  # seconds of silence before a ping, this stream only (None: the server's)
 
     @property
     def include_usage(self) -> bool:

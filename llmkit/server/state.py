@@ -47,6 +47,7 @@ class Settings:
     slots: bool = True
     max_body_size: int = 10 * 2**20
     n_threads: int | None = None  # for the embedding context
+    sse_ping_interval: int = 30  # seconds of silence before a stream gets a ping (<= 0: never), as llama-server's
 
     def request_defaults(self) -> RequestParams:
         return RequestParams(max_tokens=self.n_predict, sampling=SamplingParams(temperature=self.temperature, seed=self.seed))

@@ -177,7 +177,8 @@ MAP: tuple[Counterpart, ...] = (
                 "the chat template applied by the model layer, tools described as tools.ToolCalling says; no multimodal parts",
                 in_upstream="TASK_RESPONSE_TYPE_OAI_CHAT", in_llmkit="openai_formatter(state, body, chat=True)"),
     Counterpart("llmkit.server.generation.generate", "server_routes::handle_completions_impl", CONTEXT,
-                "submit, then answer: one engine request per prompt (no n > 1), streamed through Starlette",
+                "submit, then answer: a stream's status line once a slot starts the request, as on llama-server's begin result; "
+                "one engine request per prompt (no n > 1), streamed through Starlette",
                 in_upstream="rd.post_tasks(std::move(tasks))", in_llmkit="await submit("),
     Counterpart("llmkit.server.generation.completion", "server_routes::post_completions", CONTEXT,
                 "llama-server's own dialect on /completion and /completions: several prompts are streamed one after the other, not "
