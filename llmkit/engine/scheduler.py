@@ -76,9 +76,10 @@ def build_batch(slots: list[Slot], capacity: int, budget: int = 0) -> list[Chunk
 
     Mirrors the batch building in llama-server's ``pre_decode`` (called by ``update_slots``):
     1. every generating slot adds the token it sampled last step;
-    2. slots still reading their prompt add prompt tokens, oldest request
-       first, while the step has room (a long prompt continues next step:
-       chunked prefill);
+    2. slots still reading their prompt add prompt tokens while the step has
+       room (a long prompt continues next step: chunked prefill); llmkit takes
+       the oldest request first, where llama-server goes in slot order, so a
+       request is never overtaken by a later one that landed in a lower slot;
     only a prompt's very last token asks for logits, since only there do we sample.
 
     ``budget`` caps the tokens of a step that carries running streams (0: the batch's
