@@ -62,7 +62,9 @@ TOOLS = [
     },
     {"name": "now", "description": "The time now"},
 ]
-SCHEMAS = {t["name"]: t.get("parameters", {"type": "object"}) for t in TOOLS}
+# A tool without parameters takes {} (tools.NO_ARGUMENTS); Messages needs an input_schema, so it says the same. (A bare
+# {"type": "object"} would allow any object: at temperature 0.8 SmolLM2 can write one until max_tokens.)
+SCHEMAS = {t["name"]: t.get("parameters", {"type": "object", "properties": {}, "additionalProperties": False}) for t in TOOLS}
 ASK = "What's the weather in Paris? Use the tools."
 
 
