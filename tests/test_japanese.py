@@ -1,7 +1,8 @@
-"""The Japanese edition's prose: written in Japanese, one term per concept, no stray line breaks.
+"""The Japanese edition's prose and labels: written in Japanese, one term per concept, no stray line breaks.
 
-Model-free: reads notebooks/ja/*.ipynb and notebooks/ja/glossary.toml only. (That the code cells
-are identical to the English edition's is tests/test_notebooks.py's job.)
+Model-free: reads notebooks/ja/*.ipynb, their catalogs notebooks/ja/locale/*.po and notebooks/ja/glossary.toml
+only. (That the code cells are identical to the English edition's is tests/test_notebooks.py's job; that every
+label has an entry, tests/test_course.py's.)
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ import tomllib
 from pathlib import Path
 
 import nbformat
+import polib
 import pytest
 
 from helpers import JA_CHAR
 
 ROOT = Path(__file__).resolve().parent.parent / "notebooks"
 JAPANESE = sorted((ROOT / "ja").glob("*.ipynb"))
+CATALOGS = sorted((ROOT / "ja" / "locale").glob("*.po"))  # the labels the code cells (and llmkit) print
 GLOSSARY = ROOT / "ja" / "glossary.toml"
 
 # JA_CHAR (helpers), plus Japanese punctuation and full-width forms: a line ending or starting with one of
@@ -35,6 +38,13 @@ def markdown_cells(path: Path) -> list[tuple[int, str]]:
 def prose(source: str) -> str:
     """A markdown cell without its code blocks and code spans (they are code, not Japanese)."""
     return CODE_SPAN.sub(" ", FENCE.sub("\n", source))
+
+
+def japanese_texts(path: Path) -> dict[str, str]:
+    """What a reader sees in Japanese: a notebook's markdown prose, by cell; a catalog's msgstrs, by msgid."""
+    if path.suffix == ".po":
+        return {entry.msgid: prose(entry.msgstr) for entry in polib.pofile(str(path))}
+    return {f"cell {i}": prose(source) for i, source in markdown_cells(path)}
 
 
 def load_glossary() -> list[dict]:
@@ -79,12 +89,14 @@ def test_glossary_parses_and_every_entry_has_its_fields():
     assert len(terms) >= 18
     for term in terms:
         assert isinstance(term.get("en"), str) and term["en"].strip(), term
-        assert isinstance(term.get("ja"), str) and re.search(JA_CHAR, term["ja"]), term
+        kept_in_english = term.get("ja") == term["en"].split(" (")[0]  # an API's own word: temperature, SSE
+        assert isinstance(term.get("ja"), str) and (re.search(JA_CHAR, term["ja"]) or kept_in_english), term
         rejected = term.get("rejected")
         assert isinstance(rejected, list) and rejected and all(isinstance(v, str) and v.strip() for v in rejected), term
         assert term["ja"] not in rejected, term
     english = {t["en"].split(" (")[0] for t in terms}
-    for concept in ("continuous batching", "KV cache", "slot", "structured output", "prefix", "greedy", "token", "prompt"):
+    concepts = ("continuous batching", "KV cache", "slot", "structured output", "prefix", "greedy", "token", "prompt", "unified KV cache")
+    for concept in (*concepts, "temperature", "SSE", "translator", "prefill", "speculative decoding", "handler", "response"):
         assert concept in english, f"the glossary has no entry for {concept!r}"
 
 
@@ -94,16 +106,20 @@ def test_every_markdown_cell_is_japanese(path):
     assert not not_japanese, f"markdown cells with no Japanese text: {not_japanese}"
 
 
-@pytest.mark.parametrize("path", JAPANESE, ids=lambda p: p.name)
+def test_there_are_catalogs():
+    chapters = {path.stem for path in CATALOGS} - {"llmkit"}  # llmkit.po: what llmkit's own code prints
+    assert "llmkit.po" in {path.name for path in CATALOGS} and chapters and chapters <= {path.stem for path in JAPANESE}
+
+
+@pytest.mark.parametrize("path", JAPANESE + CATALOGS, ids=lambda p: p.name)
 def test_no_rejected_glossary_variant(path):
     terms = load_glossary()
     found = {}
-    for i, source in markdown_cells(path):
-        text = prose(source)
+    for where, text in japanese_texts(path).items():
         hits = sorted({f"{v} (use {t['ja']})" for t in terms for v in rejected_found(text, t)})
         if hits:
-            found[i] = hits
-    assert not found, f"rejected renderings (notebooks/ja/glossary.toml), by cell: {found}"
+            found[where] = hits
+    assert not found, f"rejected renderings (notebooks/ja/glossary.toml), by cell or label: {found}"
 
 
 @pytest.mark.parametrize("path", JAPANESE, ids=lambda p: p.name)
