@@ -1,4 +1,5 @@
-"""The Japanese edition's prose and labels: written in Japanese, one term per concept, no stray line breaks.
+"""The Japanese edition's prose and labels: written in Japanese, one term per concept, numbers written one way,
+no stray line breaks.
 
 Model-free: reads notebooks/ja/*.ipynb, their catalogs notebooks/ja/locale/*.po and notebooks/ja/glossary.toml
 only. (That the code cells are identical to the English edition's is tests/test_notebooks.py's job; that every
@@ -28,6 +29,8 @@ GLOSSARY = ROOT / "ja" / "glossary.toml"
 JA_TEXT = r"[\u3000-\u303f\u3040-\u309f\u30a0-\u30ff\u4e00-\u9fff\uff00-\uffef]"
 FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.MULTILINE | re.DOTALL)
 CODE_SPAN = re.compile(r"(`+)(?!`).+?(?<!`)\1", re.DOTALL)
+# A full-width digit, or a number (a digit, or a label's {placeholder}) touching a Japanese character: 3件, {n}トークン.
+UNSPACED_NUMBER = re.compile(rf"[\uff10-\uff19]|[\d}}](?={JA_CHAR})|(?<={JA_CHAR})[\d{{]")
 
 
 def markdown_cells(path: Path) -> list[tuple[int, str]]:
@@ -61,6 +64,11 @@ def rejected_found(text: str, term: dict) -> list[str]:
             if not any(start <= m.start() and m.end() <= end for start, end in chosen):
                 found.append(variant)
     return found
+
+
+def unspaced_numbers(text: str) -> list[str]:
+    """Each number in ``text`` written against the glossary's rule for numerals, with a few characters around it."""
+    return [text[max(0, m.start() - 6) : m.end() + 6] for m in UNSPACED_NUMBER.finditer(text)]
 
 
 def paragraph_breaks(source: str) -> list[str]:
@@ -120,6 +128,12 @@ def test_no_rejected_glossary_variant(path):
         if hits:
             found[where] = hits
     assert not found, f"rejected renderings (notebooks/ja/glossary.toml), by cell or label: {found}"
+
+
+@pytest.mark.parametrize("path", JAPANESE + CATALOGS, ids=lambda p: p.name)
+def test_numbers_are_half_width_and_spaced_from_japanese(path):
+    found = {where: hits for where, text in japanese_texts(path).items() if (hits := unspaced_numbers(text))}
+    assert not found, f"numbers against the rule in notebooks/ja/glossary.toml's header, by cell or label: {found}"
 
 
 @pytest.mark.parametrize("path", JAPANESE, ids=lambda p: p.name)
