@@ -1,7 +1,9 @@
-"""The Japanese edition's prose: written in Japanese, one term per concept, no stray line breaks.
+"""The Japanese edition's prose and labels: written in Japanese, one term per concept, numbers written one way,
+no stray line breaks.
 
-Model-free: reads notebooks/ja/*.ipynb and notebooks/ja/glossary.toml only. (That the code cells
-are identical to the English edition's is tests/test_notebooks.py's job.)
+Model-free: reads notebooks/ja/*.ipynb, their catalogs notebooks/ja/locale/*.po and notebooks/ja/glossary.toml
+only. (That the code cells are identical to the English edition's is tests/test_notebooks.py's job; that every
+label has an entry, tests/test_course.py's.)
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ import tomllib
 from pathlib import Path
 
 import nbformat
+import polib
 import pytest
 
 from helpers import JA_CHAR
 
 ROOT = Path(__file__).resolve().parent.parent / "notebooks"
 JAPANESE = sorted((ROOT / "ja").glob("*.ipynb"))
+CATALOGS = sorted((ROOT / "ja" / "locale").glob("*.po"))  # the labels the code cells (and llmkit) print
 GLOSSARY = ROOT / "ja" / "glossary.toml"
 
 # JA_CHAR (helpers), plus Japanese punctuation and full-width forms: a line ending or starting with one of
@@ -25,6 +29,8 @@ GLOSSARY = ROOT / "ja" / "glossary.toml"
 JA_TEXT = r"[\u3000-\u303f\u3040-\u309f\u30a0-\u30ff\u4e00-\u9fff\uff00-\uffef]"
 FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.MULTILINE | re.DOTALL)
 CODE_SPAN = re.compile(r"(`+)(?!`).+?(?<!`)\1", re.DOTALL)
+# A full-width digit, or a number (a digit, or a label's {placeholder}) touching a Japanese character: 3件, {n}トークン.
+UNSPACED_NUMBER = re.compile(rf"[\uff10-\uff19]|[\d}}](?={JA_CHAR})|(?<={JA_CHAR})[\d{{]")
 
 
 def markdown_cells(path: Path) -> list[tuple[int, str]]:
@@ -35,6 +41,13 @@ def markdown_cells(path: Path) -> list[tuple[int, str]]:
 def prose(source: str) -> str:
     """A markdown cell without its code blocks and code spans (they are code, not Japanese)."""
     return CODE_SPAN.sub(" ", FENCE.sub("\n", source))
+
+
+def japanese_texts(path: Path) -> dict[str, str]:
+    """What a reader sees in Japanese: a notebook's markdown prose, by cell; a catalog's msgstrs, by msgid."""
+    if path.suffix == ".po":
+        return {entry.msgid: prose(entry.msgstr) for entry in polib.pofile(str(path))}
+    return {f"cell {i}": prose(source) for i, source in markdown_cells(path)}
 
 
 def load_glossary() -> list[dict]:
@@ -51,6 +64,11 @@ def rejected_found(text: str, term: dict) -> list[str]:
             if not any(start <= m.start() and m.end() <= end for start, end in chosen):
                 found.append(variant)
     return found
+
+
+def unspaced_numbers(text: str) -> list[str]:
+    """Each number in ``text`` written against the glossary's rule for numerals, with a few characters around it."""
+    return [text[max(0, m.start() - 6) : m.end() + 6] for m in UNSPACED_NUMBER.finditer(text)]
 
 
 def paragraph_breaks(source: str) -> list[str]:
@@ -79,12 +97,14 @@ def test_glossary_parses_and_every_entry_has_its_fields():
     assert len(terms) >= 18
     for term in terms:
         assert isinstance(term.get("en"), str) and term["en"].strip(), term
-        assert isinstance(term.get("ja"), str) and re.search(JA_CHAR, term["ja"]), term
+        kept_in_english = term.get("ja") == term["en"].split(" (")[0]  # an API's own word: temperature, SSE
+        assert isinstance(term.get("ja"), str) and (re.search(JA_CHAR, term["ja"]) or kept_in_english), term
         rejected = term.get("rejected")
         assert isinstance(rejected, list) and rejected and all(isinstance(v, str) and v.strip() for v in rejected), term
         assert term["ja"] not in rejected, term
     english = {t["en"].split(" (")[0] for t in terms}
-    for concept in ("continuous batching", "KV cache", "slot", "structured output", "prefix", "greedy", "token", "prompt"):
+    concepts = ("continuous batching", "KV cache", "slot", "structured output", "prefix", "greedy", "token", "prompt", "unified KV cache")
+    for concept in (*concepts, "temperature", "SSE", "translator", "prefill", "speculative decoding", "handler", "response"):
         assert concept in english, f"the glossary has no entry for {concept!r}"
 
 
@@ -94,16 +114,26 @@ def test_every_markdown_cell_is_japanese(path):
     assert not not_japanese, f"markdown cells with no Japanese text: {not_japanese}"
 
 
-@pytest.mark.parametrize("path", JAPANESE, ids=lambda p: p.name)
+def test_there_are_catalogs():
+    chapters = {path.stem for path in CATALOGS} - {"llmkit"}  # llmkit.po: what llmkit's own code prints
+    assert "llmkit.po" in {path.name for path in CATALOGS} and chapters and chapters <= {path.stem for path in JAPANESE}
+
+
+@pytest.mark.parametrize("path", JAPANESE + CATALOGS, ids=lambda p: p.name)
 def test_no_rejected_glossary_variant(path):
     terms = load_glossary()
     found = {}
-    for i, source in markdown_cells(path):
-        text = prose(source)
+    for where, text in japanese_texts(path).items():
         hits = sorted({f"{v} (use {t['ja']})" for t in terms for v in rejected_found(text, t)})
         if hits:
-            found[i] = hits
-    assert not found, f"rejected renderings (notebooks/ja/glossary.toml), by cell: {found}"
+            found[where] = hits
+    assert not found, f"rejected renderings (notebooks/ja/glossary.toml), by cell or label: {found}"
+
+
+@pytest.mark.parametrize("path", JAPANESE + CATALOGS, ids=lambda p: p.name)
+def test_numbers_are_half_width_and_spaced_from_japanese(path):
+    found = {where: hits for where, text in japanese_texts(path).items() if (hits := unspaced_numbers(text))}
+    assert not found, f"numbers against the rule in notebooks/ja/glossary.toml's header, by cell or label: {found}"
 
 
 @pytest.mark.parametrize("path", JAPANESE, ids=lambda p: p.name)
