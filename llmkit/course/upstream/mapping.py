@@ -52,7 +52,8 @@ class Counterpart:
 # A request's path in order: queue and loop, slot choice, batch, decode, sampling, answer; then the HTTP side.
 MAP: tuple[Counterpart, ...] = (
     Counterpart("llmkit.engine.engine.Engine.submit", "server_response_reader::post_task", QUEUE,
-                "posts to the waiting deque directly; llama-server posts a task to server_queue",
+                "refuses a prompt too long for a slot before it is queued (llama-server: in pre_decode, once a slot has the task); "
+                "posts to the waiting deque directly, where llama-server posts a task to server_queue",
                 in_upstream="queue_tasks.post(", in_llmkit="self.waiting.append(request)"),
     Counterpart("llmkit.engine.engine.Engine.loop", "server_queue::start_loop", QUEUE,
                 "same shape (take new work, then one update); no idle sleep, no worker thread for yields",
