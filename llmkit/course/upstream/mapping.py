@@ -62,8 +62,8 @@ MAP: tuple[Counterpart, ...] = (
                 "only the completion case: a request with no idle slot stays in the deque (llama-server defers it)",
                 in_upstream="launch_slot_with_task(*slot", in_llmkit="slot.start(request"),
     Counterpart("llmkit.engine.scheduler.choose_slot", "server_context_impl::get_available_slot", CONTEXT,
-                "same rules (id_slot, similarity > 0.1, least recently used); "
-                "the prompt-cache update is swaps_prompt + Engine.swap_prompt",
+                "same rules (id_slot, similarity > 0.1, least recently used), but a request with cache_prompt false "
+                "skips the similarity rule (it reuses no prefix); the prompt-cache update is swaps_prompt + Engine.swap_prompt",
                 in_upstream="f_sim_cur > slot_prompt_similarity", in_llmkit="> SIMILARITY_THRESHOLD"),
     Counterpart("llmkit.engine.scheduler.swaps_prompt", "server_context_impl::get_available_slot", CONTEXT,
                 "its update_cache decision as a pure function (LRU, or similarity with f_keep < 0.5); also no without cache_prompt",
