@@ -15,7 +15,7 @@ help:
 	@echo "make test-fast   the model-free tests only, in seconds (the inner loop)"
 	@echo "make lint    ruff (lint + format check) and mypy: the gates make test runs first"
 	@echo "make bench   side-by-side benchmark of the servers (writes bench-results/)"
-	@echo "make llama-server   build the real llama-server from the same llama.cpp (once, ~12 min; make test does it)"
+	@echo "make llama-server   build the real llama-server from the same llama.cpp (once, ~7 min on 2 cores; make test does it)"
 	@echo "make serve-sequential | serve-slots   run a server on port $(PORT)"
 	@echo "make book    build the course as a site, English and Japanese (book/_build/html/index.html)"
 
@@ -42,7 +42,7 @@ browser:
 		echo "The browser tests need Chromium and a Japanese font. Run once:  sudo apt-get install -y $(BROWSER_PACKAGES)"; \
 	fi
 
-# The real llama-server, from the llama.cpp source of the installed llama-cpp-python: built once (~12 min on
+# The real llama-server, from the llama.cpp source of the installed llama-cpp-python: built once (~7 min on
 # 2 cores, with a progress line), kept in the user data folder. `make lab` does not wait for it: the first
 # notebook cell that needs it builds it.
 llama-server: $(INSTALLED)

@@ -202,7 +202,7 @@ def add_upstream_parser(sub: argparse._SubParsersAction) -> None:
     find = actions.add_parser("find", help="print a C++ function, method, struct or enum by name, with line numbers")
     find.add_argument("name", help="e.g. get_available_slot, server_queue::start_loop, server_slot")
     find.add_argument("--all", action="store_true", help="every definition of that name (overloads, several classes)")
-    actions.add_parser("build", help="build llama-server from that source (once, ~12 min on 2 cores) and print its path")
+    actions.add_parser("build", help="build llama-server from that source (once, ~7 min on 2 cores) and print its path")
     actions.add_parser("path", help="fetch the source if needed and print where it is")
 
 

@@ -3,7 +3,7 @@
     from llmkit.course import upstream
     upstream.root()                             # llama.cpp of the installed llama-cpp-python (fetched once)
     upstream.find("get_available_slot")         # -> Symbol: file, lines, text; highlighted in a notebook
-    upstream.server_binary()                    # llama-server built from that source (once, ~12 min)
+    upstream.server_binary()                    # llama-server built from that source (once, ~7 min on 2 cores)
     upstream.MAP                                # llmkit symbol <-> llama-server symbol, with what differs
 
 Modules: ``source`` (fetch and check), ``cpp`` (tree-sitter lookup),

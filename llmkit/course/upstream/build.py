@@ -1,6 +1,6 @@
 """Build the real llama-server from the same llama.cpp that llmkit runs.
 
-    path = server_binary()     # built on first use (~12 min on 2 cores), cached afterwards
+    path = server_binary()     # built on first use (~7 min on 2 cores), cached afterwards
 
 CMake and Ninja come from PyPI (the ``cmake`` and ``ninja`` packages), the
 compiler from the system. The CPU flags are chosen so that the binary runs on
@@ -128,7 +128,7 @@ def _follow(steps: Iterator[tuple[int, int]], show: bool) -> None:
     """Wait for the build, with a progress bar (a widget in a notebook, a line in a terminal)."""
     from tqdm.auto import tqdm
 
-    desc = tr("building llama-server {version} (once, ~12 min on 2 cores)", version=version())
+    desc = tr("building llama-server {version} (once, ~7 min on 2 cores)", version=version())
     with tqdm(desc=desc, unit="step", mininterval=2, disable=not show) as bar:
         for done, total in steps:
             bar.total = total
