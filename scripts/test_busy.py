@@ -7,12 +7,14 @@
 
 While pytest runs the notebooks under nbval (``--nbval-lax``), a child process spins on a core (``while True``).
 It is killed at the end whatever happens (a failure, Ctrl-C, SIGTERM), and it stops by itself if this script dies
-without cleaning up (it spins only while its parent lives). The exit status is pytest's.
+without cleaning up (it spins only while its parent lives). Stopped early, the script also stops pytest and everything
+below it (kernels, the notebooks' servers). The exit status is pytest's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -35,6 +37,48 @@ def pytest_command(args: list[str]) -> list[str]:
     return [sys.executable, "-m", "pytest", *paths, *args, "--nbval-lax", "-p", "no:cacheprovider"]
 
 
+def run_to_the_end(command: list[str]) -> int:
+    """Run pytest; if this script is stopped (Ctrl-C, SIGTERM), stop pytest and everything below it."""
+    pytest = subprocess.Popen(command)
+    try:
+        return pytest.wait()
+    except BaseException:
+        stop_tree(pytest)
+        raise
+
+
+def stop_tree(process: subprocess.Popen, grace: float = 15) -> None:
+    """SIGTERM a process and all below it, SIGKILL what is left after ``grace`` seconds. The tree, not the process
+    group: the notebooks' servers run in sessions of their own (launch.start), and a kernel killed mid-cell never
+    reaches its ``with launch.serve(...)`` exit, so they would outlive the run."""
+    pids = [process.pid, *descendants(process.pid)]
+    signal_all(pids, signal.SIGTERM)  # uvicorn and llama-server shut down on it
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(grace)
+    time.sleep(1)  # the servers' own shutdown
+    signal_all(pids, signal.SIGKILL)
+    process.wait()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, from /proc (Linux; elsewhere none)."""
+    parent = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            parent[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # after "(name)": state, ppid
+    found, level = [], [pid]
+    while level:
+        level = [child for child, ppid in parent.items() if ppid in level]
+        found += level
+    return found
+
+
+def signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--cores", type=int, default=1, help="how many cores to keep busy (default: 1)")
@@ -44,7 +88,7 @@ def main() -> int:
     hogs = [busy_core() for _ in range(options.cores)]
     start = time.monotonic()
     try:
-        return subprocess.call(command)  # on an exception (Ctrl-C, SIGTERM) call() kills pytest before re-raising
+        return run_to_the_end(command)
     finally:
         for hog in hogs:
             hog.kill()
