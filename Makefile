@@ -13,6 +13,7 @@ help:
 	@echo "make lab     set everything up, then open the course notebooks in JupyterLab"
 	@echo "make test    set everything up, then run every test (unit, servers, browser, notebooks)"
 	@echo "make test-fast   the model-free tests only, in seconds (the inner loop)"
+	@echo "make test-busy   the notebooks beside a process that keeps one core busy; reports the wall time"
 	@echo "make lint    ruff (lint + format check) and mypy: the gates make test runs first"
 	@echo "make bench   side-by-side benchmark of the servers (writes bench-results/)"
 	@echo "make llama-server   build the real llama-server from the same llama.cpp (once, ~7 min on 2 cores; make test does it)"
@@ -62,6 +63,11 @@ test: $(INSTALLED) lint browser llama-server
 test-fast: $(INSTALLED)
 	$(PY) -m pytest tests -m "not slow" -p no:cacheprovider $(PYTEST_ARGS)
 
+# The notebooks as make test runs them, beside a child that spins on one core (killed at the end, whatever
+# happens): every notebook must hold on a busy machine too. PYTEST_ARGS="notebooks/en/00_start_here.ipynb" runs one.
+test-busy: $(INSTALLED) llama-server
+	$(PY) scripts/test_busy.py $(PYTEST_ARGS)
+
 # Root (containers, CI machines) needs --allow-root; LAB_ARGS passes anything else (--no-browser --port 8890).
 lab: $(INSTALLED)
 	$(VENV)/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
@@ -84,4 +90,4 @@ book: $(INSTALLED)
 clean:
 	rm -rf $(VENV) build *.egg-info bench-results book/_build
 
-.PHONY: help install browser llama-server lint test test-fast lab bench serve-sequential serve-slots book clean
+.PHONY: help install browser llama-server lint test test-fast test-busy lab bench serve-sequential serve-slots book clean

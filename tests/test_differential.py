@@ -1,14 +1,14 @@
 """Differential test: one table of requests, sent to llmkit's slot server and to the real llama-server.
 
 Both run the same llama.cpp (llama-cpp-python's vendored copy; ``launch.serve("llama-server")``
-builds it once) on the same model with the same flags. Per request we compare the HTTP
-status, the JSON *shape* (keys and value types, recursively; int and float are one
-"number"; a list is the set of its elements' shapes) and, for a stream, the sequence of
-its events' shapes (runs of equal shapes counted once) and whether ``data: [DONE]`` ends
-it; a stream of named events (``event:`` lines: the Responses and Messages APIs) by the
-sequence of its names (runs counted once, aligned as ``difflib`` aligns lines) and each
-name's data shapes. Some rows also compare values (``same``): greedy text, token counts,
-error types.
+builds it once, for the CPU features llama-cpp-python's library was compiled with, so that both run
+the same kernels: ``test_llama_server_runs_the_same_cpu_kernels``) on the same model with the same
+flags. Per request we compare the HTTP status, the JSON *shape* (keys and value types, recursively;
+int and float are one "number"; a list is the set of its elements' shapes) and, for a stream, the
+sequence of its events' shapes (runs of equal shapes counted once) and whether ``data: [DONE]`` ends
+it; a stream of named events (``event:`` lines: the Responses and Messages APIs) by the sequence of
+its names (runs counted once, aligned as ``difflib`` aligns lines) and each name's data shapes. Some
+rows also compare values (``same``): greedy text, token counts, error types.
 
 Every difference must be listed in ``INTENDED`` with its reason; a listed difference that
 no longer occurs fails too, so the list stays true.
@@ -34,7 +34,8 @@ from typing import Any
 import httpx
 import pytest
 
-from llmkit.course import launch
+from llmkit.course import launch, upstream
+from llmkit.course.upstream import build
 from llmkit.server import metrics
 
 pytestmark = pytest.mark.timeout(1800)  # a first run builds llama-server (~13 min on 2 cores); then about 1 min
@@ -49,8 +50,6 @@ PERSON = [{"role": "user", "content": "Describe a person as JSON."}]
 CHAT = {"messages": HELLO, "max_tokens": 8}
 ERROR = ("error.code", "error.type")
 JSON_ANSWER = ("choices[0].message.content", "choices[0].finish_reason")
-# Greedy answers that both builds give alike: llama-cpp-python's libggml-cpu uses AVX-512 where this CPU has it, the
-# llama-server built here AVX2 (upstream.build), and their logits differ in the second decimal, enough to flip a near-tie.
 SUM = "What is 2+2?"  # "The answer to this classic math problem is 4.", then the end, from both
 ASK_SUM = [{"role": "user", "content": SUM}]
 TEXT = "output[0].content[0].text"  # a Response's text
@@ -481,6 +480,13 @@ def keep_common(a: Any, b: Any) -> None:
     elif isinstance(a, list) and isinstance(b, list):
         for x, y in zip(a, b, strict=False):  # the common prefix
             keep_common(x, y)
+
+
+def test_llama_server_runs_the_same_cpu_kernels():
+    """Greedy text compares only between builds of the same kernels: a llama-server built for AVX2 beside a
+    llama-cpp-python compiled for AVX-512 gives logits that differ in the second decimal, enough to flip a near-tie."""
+    ours, theirs = build.wheel_features(), build.server_features(upstream.server_binary())
+    assert ours == theirs, f"llama-cpp-python was compiled for {ours}, llama-server for {theirs} (upstream.build.build_features)"
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.name)

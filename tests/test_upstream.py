@@ -17,7 +17,7 @@ import llama_cpp
 import pytest
 
 from llmkit.course import launch, upstream
-from llmkit.course.upstream import cpp, mapping, source
+from llmkit.course.upstream import build, cpp, mapping, source
 
 LLMKIT = Path(upstream.__file__).resolve().parents[2]  # llmkit/
 
@@ -237,6 +237,16 @@ def test_every_llama_server_name_in_llmkit_docstrings_is_in_the_map():
 
 
 # --- the real llama-server ----------------------------------------------------------------
+
+
+def test_the_cpu_features_are_ggml_names_and_options():
+    """build.X86_FEATURES pairs ggml's system-info names with its CMake options: both as the pinned source spells them
+    (CMake ignores an unknown -D option without a word)."""
+    ggml = upstream.root() / "ggml"
+    options = set(re.findall(r"option\((GGML_\w+)", (ggml / "CMakeLists.txt").read_text()))
+    names = set(re.findall(r'features\.push_back\(\{ "(\w+)", "1" \}\)', (ggml / "src/ggml-cpu/ggml-cpu.cpp").read_text()))
+    assert set(build.cmake_flags(())) - set(build.COMMON_FLAGS) <= options
+    assert set(build.X86_FEATURES) <= names
 
 
 def test_llama_server_builds_from_the_same_source_and_serves_the_same_model():

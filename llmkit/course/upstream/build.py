@@ -3,12 +3,16 @@
     path = server_binary()     # built on first use (~7 min on 2 cores), cached afterwards
 
 CMake and Ninja come from PyPI (the ``cmake`` and ``ninja`` packages), the
-compiler from the system. The CPU flags are chosen so that the binary runs on
-any x86-64 machine of the kind it was built on, not just this one: no
-``-march=native`` (an AMX tile instruction from a native build crashed on a
-machine here), AVX2/FMA/F16C/BMI2 when this CPU has them, else the baseline.
-The build folder is named after the version and the flags, so a cached binary
-is only reused where it fits.
+compiler from the system. The CPU features are those llama-cpp-python's own
+library was compiled with (its ``llama_print_system_info()``), so that both run
+the same ggml kernels: pip compiles that library with ``-march=native``, and a
+build for a lower level (AVX2 where the wheel has AVX-512) computes logits that
+differ in the second decimal, enough to flip a near-tie in greedy text. The
+features are named one by one (``GGML_AVX512=ON`` ...), never ``-march=native``
+(an AMX tile instruction from a native build crashed on a machine here), and only
+those this CPU has, so the binary runs where it was built even if the wheel came
+from another machine. The build folder is named after the version and the
+features, so a cached binary is only reused where it fits.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ from pathlib import Path
 from llmkit.course import tr
 from llmkit.course.upstream.source import UpstreamError, data_dir, root, version
 
-X86_64_V3 = ("avx2", "fma", "f16c", "bmi2")  # the x86-64-v3 extensions ggml uses; all AMD/Intel CPUs since ~2015
 COMMON_FLAGS = {
     "CMAKE_BUILD_TYPE": "Release",
     "BUILD_SHARED_LIBS": "OFF",  # one self-contained binary
@@ -44,47 +47,101 @@ COMMON_FLAGS = {
 }
 
 
-def cpu_level() -> str:
-    """``x86-64-v3`` if this CPU has AVX2, FMA, F16C and BMI2; else ``baseline``."""
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return "baseline"
-    flags = set()
+# The x86 features ggml's system info names ("AVX2 = 1 | ..."), each with the /proc/cpuinfo flags it needs and the CMake
+# options that compile it in (ggml/src/ggml-cpu/CMakeLists.txt: GGML_AVX512 adds -mavx512f, -mavx512cd, -mavx512vl,
+# -mavx512dq and -mavx512bw; a native build on an AVX CPU has SSE 4.2, which the system info does not name).
+X86_FEATURES = {
+    "AVX": ({"avx", "sse4_2"}, ("GGML_SSE42", "GGML_AVX")),
+    "AVX2": ({"avx2"}, ("GGML_AVX2",)),
+    "F16C": ({"f16c"}, ("GGML_F16C",)),
+    "FMA": ({"fma"}, ("GGML_FMA",)),
+    "BMI2": ({"bmi2"}, ("GGML_BMI2",)),
+    "AVX_VNNI": ({"avx_vnni"}, ("GGML_AVX_VNNI",)),
+    "AVX512": ({"avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"}, ("GGML_AVX512",)),
+    "AVX512_VBMI": ({"avx512vbmi"}, ("GGML_AVX512_VBMI",)),
+    "AVX512_VNNI": ({"avx512_vnni"}, ("GGML_AVX512_VNNI",)),
+    "AVX512_BF16": ({"avx512_bf16"}, ("GGML_AVX512_BF16",)),
+    "AMX_INT8": ({"amx_tile", "amx_int8"}, ("GGML_AMX_TILE", "GGML_AMX_INT8")),
+}
+X86_64_V3 = ("AVX", "AVX2", "F16C", "FMA", "BMI2")  # x86-64-v3, the level of all AMD/Intel CPUs since ~2015
+
+
+def system_features(info: str) -> dict[str, str]:
+    """The CPU features of a ggml system-info line, ``"... CPU : SSE3 = 1 | AVX2 = 1 | ..."`` -> ``{"SSE3": "1", ...}``."""
+    _, _, cpu = info.partition("CPU :")
+    return dict(re.findall(r"(\w+) = (\w+)", cpu.splitlines()[0] if cpu else ""))
+
+
+def wheel_features() -> dict[str, str]:
+    """The CPU features llama-cpp-python's library was compiled with (what llmkit runs)."""
+    import llama_cpp
+
+    return system_features(llama_cpp.llama_print_system_info().decode())
+
+
+def server_features(binary: Path) -> dict[str, str]:
+    """The CPU features a llama-server binary was compiled with: it prints them at log level 4, before loading the model
+    (here none: ``/dev/null`` is no GGUF, so it exits at once)."""
+    run = subprocess.run([str(binary), "--log-verbosity", "4", "-m", os.devnull], capture_output=True, text=True, timeout=60, check=False)
+    line = next((line for line in (run.stdout + run.stderr).splitlines() if "system_info:" in line), "")
+    return system_features(line)
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's flags, from /proc/cpuinfo (empty where there is none)."""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    return "x86-64-v3" if flags.issuperset(X86_64_V3) else "baseline"
+                return set(line.split(":", 1)[1].split())
+    return set()
 
 
-def cmake_flags(level: str | None = None) -> dict[str, str]:
-    level = level or cpu_level()
-    on = "ON" if level == "x86-64-v3" else "OFF"
-    return COMMON_FLAGS | {"GGML_AVX": on, "GGML_AVX2": on, "GGML_FMA": on, "GGML_F16C": on, "GGML_BMI2": on,
-                           "GGML_AVX512": "OFF", "GGML_AMX_TILE": "OFF", "GGML_AMX_INT8": "OFF"}  # fmt: skip
+def build_features() -> tuple[str, ...]:
+    """The x86 features to compile llama-server with: the wheel's, where this CPU has them (none off x86)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return ()
+    compiled, flags = wheel_features(), cpu_flags()
+    return tuple(name for name, (needs, _) in X86_FEATURES.items() if compiled.get(name) == "1" and needs <= flags)
 
 
-def build_dir(level: str | None = None) -> Path:
-    return data_dir() / f"llama-server-{version()}-{level or cpu_level()}"
+def level(features: tuple[str, ...]) -> str:
+    """A folder-name tag for the features: ``x86-64-v3``, ``x86-64-v3+avx512+avx512_vnni``, ``x86-64+avx``, ``aarch64``."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return platform.machine().lower() or "unknown"
+    base = "x86-64-v3" if set(X86_64_V3) <= set(features) else "x86-64"
+    return "+".join([base, *(name.lower() for name in features if base == "x86-64" or name not in X86_64_V3)])
+
+
+def cmake_flags(features: tuple[str, ...]) -> dict[str, str]:
+    """CMake's -D options: the common ones, and each x86 feature's options ON or OFF."""
+    on = {option for name in features for option in X86_FEATURES[name][1]}
+    every = [option for _, options in X86_FEATURES.values() for option in options]
+    return COMMON_FLAGS | {option: "ON" if option in on else "OFF" for option in every}
+
+
+def build_dir(features: tuple[str, ...] | None = None) -> Path:
+    return data_dir() / f"llama-server-{version()}-{level(build_features() if features is None else features)}"
 
 
 def server_binary(*, build: bool = True, progress: bool = True) -> Path:
     """The llama-server binary of the installed version, built first if needed."""
-    binary = build_dir() / "bin" / "llama-server"
+    features = build_features()
+    folder = build_dir(features)
+    binary = folder / "bin" / "llama-server"
     if binary.is_file():
         return binary
     if not build:
         raise UpstreamError(f"llama-server is not built yet ({binary}); call llmkit.course.upstream.server_binary() to build it")
-    with _lock(build_dir()):
+    with _lock(folder):
         if not binary.is_file():  # another process may have built it while we waited
-            _build(build_dir(), progress)
+            _build(folder, features, progress)
     return binary
 
 
-def _build(folder: Path, progress: bool) -> None:
+def _build(folder: Path, features: tuple[str, ...], progress: bool) -> None:
     source = root()
     work = folder.with_name(folder.name + ".work")
-    flags = [f"-D{k}={v}" for k, v in cmake_flags().items()]
+    flags = [f"-D{k}={v}" for k, v in cmake_flags(features).items()]
     cmake, ninja = tool("cmake"), tool("ninja")
     log = folder.with_name(folder.name + ".log")
     with log.open("w") as out:
