@@ -10,7 +10,7 @@ from pathlib import Path
 from llmkit.cli import build_parser
 from llmkit.course import bench, client
 from llmkit.course.bench.prompts import QUESTION, REVIEWS
-from llmkit.course.bench.scenarios import ApiStreaming, Measured
+from llmkit.course.bench.scenarios import ApiStreaming, Arrivals, Measured
 from llmkit.course.bench.servers import OpenAIServer, through
 
 SERVERS = (bench.RAW, "sequential", "slots", bench.NO_BUDGET, "llama-server")
@@ -76,8 +76,8 @@ def test_bench_tiny_run(tmp_path):
 
     prefix = markdown_table(saved, "| server | cold TTFT")
     assert [row[0] for row in prefix[1:]] == ["sequential", "slots", bench.NO_BUDGET, "llama-server"]
-    burst = markdown_table(saved, "| server | running")
-    assert [(row[0], row[1], row[2]) for row in burst[1:]] == [(s, "1", "2") for s in SERVERS[1:]]
+    burst = markdown_table(saved, "| server | running")  # and llama-server with -b and -ub at the step budget
+    assert [(row[0], row[1], row[2]) for row in burst[1:]] == [(s, "1", "2") for s in (*SERVERS[1:], bench.SMALL_BATCH)]
     for scene in results.arrivals:  # two arrivals' first tokens, gaps of the running stream while they were read
         assert scene.arrival_ttft_max_ms >= scene.arrival_ttft_median_ms > 0 and scene.tokens_per_s > 0
         if scene.server != "sequential":  # the sequential server reads the arrivals after the stream: no gap
@@ -90,7 +90,10 @@ def test_bench_tiny_run(tmp_path):
 
     targets = markdown_table(saved, "| target |")
     assert all(row[2] in ("PASS", "FAIL", "n/a", "info") for row in targets[1:])
-    assert sum(row[0].startswith("burst with 1 running") for row in targets) == 3
+    burst_rows = {row[0]: row[2] for row in targets if row[0].startswith("burst with 1 running")}
+    assert len(burst_rows) == 5 and list(burst_rows.values()).count("info") == 1  # the worst gap against three servers, the first token
+    assert burst_rows["burst with 1 running: worst gap between two tokens with the budget <= 1.5x llama-server's at -b 128 -ub 128"] in (
+        "PASS", "FAIL")  # fmt: skip
     assert any(row[0].startswith("slots aggregate tok/s with the step budget") for row in targets)
     judged = {row[0] for row in targets[1:] if row[2] in ("PASS", "FAIL")}  # measured at every level, not "n/a"
     for level in (1, 2):
@@ -131,7 +134,7 @@ def test_bench_tiny_run(tmp_path):
 
     assert results.plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads((tmp_path / "results.json").read_text())
-    assert len(data["rows"]) == 10 and len(data["arrivals"]) == 4 and len(data["kv_cache"]) == 2 and data["config"]["max_tokens"] == 8
+    assert len(data["rows"]) == 10 and len(data["arrivals"]) == 5 and len(data["kv_cache"]) == 2 and data["config"]["max_tokens"] == 8
     assert data["greedy"]["runs"] == 2 and data["config"]["greedy_runs"] == 2
     assert data["greedy"]["reviews"] == [asdict(r) for r in greedy.reviews]
     assert data["apis"] == [asdict(a) for a in results.apis] and data["config"]["api_streams"] == [1, 2]
@@ -231,3 +234,28 @@ def test_api_targets_judge_against_chats_own_spread():
     judged = verdicts(0.90, 1.0, 0.95)
     assert judged["responses"][1] == "PASS" and judged["messages"][1] == "n/a"
     assert judged["messages"][0] == "0.950x (rounds 0.90-1.10; chat's own rounds 0.90-1.01): within chat's own spread, not judged"
+
+
+def test_burst_targets_compare_the_budget_with_llama_server_at_both_batch_sizes():
+    """The worst gap against no budget and llama-server at -b 2048 (<= 0.25x) and at -b 128 -ub 128 (<= 1.5x) (no model)."""
+
+    def scene(server: str, gap_ms: float, ttft_ms: float) -> Arrivals:
+        return Arrivals(server=server, running=1, arrivals=3, gap_p50_ms=gap_ms / 2, gap_p99_ms=gap_ms, gap_max_ms=gap_ms,
+                        arrival_ttft_median_ms=ttft_ms, arrival_ttft_max_ms=ttft_ms, tokens_per_s=10.0)  # fmt: skip
+
+    def verdicts(small_gap_ms: float) -> dict[str, tuple[str, str]]:
+        burst = [scene("slots", 600, 5000), scene(bench.NO_BUDGET, 4000, 4500), scene("llama-server", 4300, 4400),
+                 scene(bench.SMALL_BATCH, small_gap_ms, 5500)]  # fmt: skip
+        targets = bench.report.judge(Measured(arrivals=burst), bench.Config(concurrency=(1,), arrivals=(1,)))
+        return {t.name.removeprefix("burst with 1 running: "): (t.measured, t.verdict) for t in targets if t.name.startswith("burst")}
+
+    judged = verdicts(small_gap_ms=450)
+    assert judged == {
+        "worst gap between two tokens with the budget <= 0.25x without it": ("0.15x", "PASS"),
+        "worst gap between two tokens with the budget <= 0.25x llama-server's (-b 2048)": ("0.14x", "PASS"),
+        "worst gap between two tokens with the budget <= 1.5x llama-server's at -b 128 -ub 128": ("1.33x", "PASS"),
+        "arrivals' median first token with the budget <= 1.5x without it": ("1.11x", "PASS"),
+        "arrivals' median first token with the budget / llama-server's at -b 2048, at -b 128 -ub 128": ("1.14x, 0.91x", "info"),
+    }
+    assert verdicts(small_gap_ms=350)["worst gap between two tokens with the budget <= 1.5x llama-server's at -b 128 -ub 128"] == (
+        "1.71x", "FAIL")  # fmt: skip

@@ -57,9 +57,8 @@ class Engine:
 
     ``start=False``: no thread; the caller runs the loop's turns with ``step()`` and can
     look at everything between two of them (``start()`` hands the loop to a thread later).
-    (Greedy outputs alone and batched: the same in the concurrency chapter's measurement,
-    but where two tokens are nearly tied the batch's shape can still tip the choice: see
-    the README.)
+    (Greedy answers alone and batched: where two tokens are nearly tied, the batch's shape
+    can tip the choice, with either KV layout; the concurrency chapter counts it: see the README.)
     """
 
     def __init__(self, model: Model | str | PathLike[str] | None = None, config: EngineConfig | None = None, *, start: bool = True):

@@ -75,7 +75,7 @@ async def props(state: State) -> dict:
         "endpoint_metrics": settings.metrics,
         "chat_template": engine.model.chat_template,
         "build_info": SYSTEM_FINGERPRINT,
-        "step_tokens": config.step_tokens,  # llmkit's own: the per-step token budget (0: none, as llama-server)
+        "step_tokens": config.step_tokens,  # llmkit's own: the token budget of a step beside a stream (0: only -b, as llama-server)
         # the KV cache's settings (llmkit's own keys, llama-server's flag names)
         "kv_unified": config.kv_unified,
         "cache_reuse": config.cache_reuse,

@@ -16,7 +16,9 @@ What one run measures (and writes to ``bench-results/``: results.md, results.jso
   back to back in each of 5 rounds: aggregate tokens/s per API and its ratio to chat's;
 - prefix reuse (``scenarios.prefix_reuse``): TTFT of a request with a new ~800-token
   system prompt (cold) vs the next ones that share it (warm);
-- arrivals (``scenarios.arrivals``): a burst of long prompts while 1 or 4 streams run;
+- arrivals (``scenarios.arrivals``): a burst of long prompts while 1 or 4 streams run, on
+  every server and on llama-server at ``-b 128 -ub 128`` too (its batch capped at the slot
+  server's step budget);
 - the KV cache beyond one slot (``scenarios.kv_cache``), on the slot server and
   llama-server started with 2 slots and ``--cache-reuse``: a long prefix back from
   the host-RAM prompt cache on another slot, and an edited chat;
@@ -59,7 +61,7 @@ from tqdm import tqdm
 
 from llmkit.course import launch
 from llmkit.course.bench import report
-from llmkit.course.bench.config import CACHE_REUSE, NO_BUDGET, RAW, SOAK_CACHE_RAM_MIB, BenchError, Config
+from llmkit.course.bench.config import CACHE_REUSE, NO_BUDGET, RAW, SMALL_BATCH, SOAK_CACHE_RAM_MIB, BenchError, Config
 from llmkit.course.bench.prompts import LANG, TEXTS, chat_prompt, edited_chat, long_system_prompt, long_text
 from llmkit.course.bench.raw import RawDecoder
 from llmkit.course.bench.report import Target
@@ -78,10 +80,10 @@ from llmkit.course.bench.scenarios import (
     prefix_reuse,
     soak,
 )
-from llmkit.course.bench.servers import OpenAIServer, SequentialServer, Server, server_flags, start_servers
+from llmkit.course.bench.servers import OpenAIServer, SequentialServer, Server, server_flags, start_servers, start_small_batch
 
 __all__ = [
-    "LANG", "NO_BUDGET", "RAW", "TEXTS", "BenchError", "Config", "Measured", "OpenAIServer", "RawDecoder", "Results", "Row",
+    "LANG", "NO_BUDGET", "RAW", "SMALL_BATCH", "TEXTS", "BenchError", "Config", "Measured", "OpenAIServer", "RawDecoder", "Results", "Row",
     "SequentialServer", "Server", "Target", "chat_prompt", "long_system_prompt", "long_text", "run",
 ]  # fmt: skip
 
@@ -127,7 +129,7 @@ def measure(cfg: Config) -> Measured:
         if "prefix" not in cfg.skip:
             m.prefix = prefix_runs(servers, cfg)
         if cfg.arrivals and "arrivals" not in cfg.skip:
-            m.arrivals = arrival_runs(servers, cfg)
+            m.arrivals = arrival_runs([*servers, *start_small_batch(cfg, stack)], cfg)
     if "kv-cache" not in cfg.skip:
         m.kv_cache = kv_cache_runs(cfg)
     if cfg.soak:

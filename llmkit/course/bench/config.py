@@ -5,8 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmkit.engine.config import DEFAULT_STEP_TOKENS
+
 RAW = "raw decode (no server)"  # the row name of the raw loop
 NO_BUDGET = "slots, no budget"  # the slot server with --step-tokens 0
+# llama-server with -b and -ub at the slot server's step budget (the arrivals scenario only): every step it makes holds
+# at most that many tokens, as the slot server's steps do while a stream runs
+SMALL_BATCH_FLAGS = f"-b {DEFAULT_STEP_TOKENS} -ub {DEFAULT_STEP_TOKENS}"
+SMALL_BATCH = f"llama-server {SMALL_BATCH_FLAGS}"
 CACHE_REUSE = 64  # --cache-reuse of the kv_cache scenario's servers (llama-server's presets use 256)
 SOAK_CACHE_RAM_MIB = 64  # --cache-ram of the soak's server: small, so that 1000 distinct prompts must evict
 GREEDY_SLOTS = 4  # the greedy-drift engine's slots (explicit n_parallel: one KV stream each), as chapter 6's server

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import httpx
 
 from llmkit.course import client, launch
-from llmkit.course.bench.config import NO_BUDGET, BenchError, Config
+from llmkit.course.bench.config import NO_BUDGET, SMALL_BATCH, SMALL_BATCH_FLAGS, BenchError, Config
 from llmkit.course.bench.prompts import LANG, chat_prompt
 from llmkit.course.client import StreamResult
 
@@ -174,6 +174,13 @@ def server_flags(cfg: Config) -> list[str]:
     return ["--temp", "0", "--seed", "1", *(["-t", str(cfg.threads)] if cfg.threads else []), *(["-m", cfg.model] if cfg.model else [])]
 
 
+def slot_flags(cfg: Config) -> list[str]:
+    """Flags of the slot servers and llama-servers started together: ``max(concurrency)`` slots of ``ctx_per_slot`` tokens
+    (explicit -np: one KV stream per slot), with ``/metrics``."""
+    n = max(cfg.concurrency)
+    return [*server_flags(cfg), "-np", str(n), "-c", str(n * cfg.ctx_per_slot), "--metrics"]
+
+
 def start_servers(cfg: Config, stack: contextlib.ExitStack) -> list[Server]:
     """Our two servers and the real llama-server (built from the same llama.cpp, same flags) as child
     processes on free ports, unless skipped; then the --url ones."""
@@ -182,16 +189,24 @@ def start_servers(cfg: Config, stack: contextlib.ExitStack) -> list[Server]:
     if "sequential" not in cfg.skip:
         p = stack.enter_context(launch.serve("sequential", *common, "-n", str(cfg.max_tokens)))
         servers.append(SequentialServer("sequential", p.url, pid=p.process.pid))
-    n = max(cfg.concurrency)
-    slot_flags = [*common, "-np", str(n), "-c", str(n * cfg.ctx_per_slot), "--metrics"]  # explicit -np: one KV stream per slot
     for name, skip, kind, extra in (
         ("slots", "slots", "slots", []),
-        (NO_BUDGET, "no-budget", "slots", ["--step-tokens", "0"]),  # batches as llama-server does
+        (NO_BUDGET, "no-budget", "slots", ["--step-tokens", "0"]),  # only -b (2048) caps a step, as llama-server's default
         ("llama-server", "llama-server", "llama-server", []),
     ):
         if skip not in cfg.skip:
-            p = stack.enter_context(launch.serve(kind, *slot_flags, *extra))
+            p = stack.enter_context(launch.serve(kind, *slot_flags(cfg), *extra))
             servers.append(OpenAIServer(name, p.url, pid=p.process.pid))
     for name, url in cfg.urls.items():
         servers.append(OpenAIServer(name, url.rstrip("/").removesuffix("/v1")))
     return servers
+
+
+def start_small_batch(cfg: Config, stack: contextlib.ExitStack) -> list[Server]:
+    """llama-server with ``-b`` and ``-ub`` at the slot server's step budget, for the arrivals scenario (none if
+    llama-server is skipped). llama-server caps every step at ``-b`` tokens (``pre_decode``), the slot server only
+    the steps that carry a running stream: beside a stream, the two read a burst of prompts alike."""
+    if "llama-server" in cfg.skip:
+        return []
+    p = stack.enter_context(launch.serve("llama-server", *slot_flags(cfg), *SMALL_BATCH_FLAGS.split()))
+    return [OpenAIServer(SMALL_BATCH, p.url, pid=p.process.pid)]
