@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-# Tokens per step, by default (chosen by measurement on 2 CPU cores: see README, "Stall-free batching"):
-# a step that reads a prompt chunk costs about as much as its tokens, so this bounds the pause that a burst
-# of long prompts puts between two tokens of a running stream.
+# Tokens per step beside a running stream, by default: a step that reads a prompt chunk costs about as much as
+# its tokens, so this bounds the pause that a burst of long prompts puts between two tokens of a running stream
+# (chapter 4 measures it beside llama-server at -b 2048 and -b 128; make bench's arrivals scenario too).
 DEFAULT_STEP_TOKENS = 128
 AUTO_PARALLEL = 4  # slots of n_parallel=-1 (auto), as llama-server's -np -1
 
