@@ -274,20 +274,25 @@ class Request:
         if self.error is not None:
             raise self.error
 
+    def _listen(self) -> asyncio.Event:
+        """This asyncio task is the reader now: ``wake`` sets the event returned, on its loop."""
+        with self._cond:
+            self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+            return self._wake
+
     async def started(self) -> None:
         """Wait until the request holds a slot (or ended before it got one: its error is raised here).
 
         A streamed answer sends its status line then, before the prompt is read (llama-server:
         the empty "begin" result of pre_decode). A reader that leaves while it waits cancels it.
         """
-        with self._cond:
-            self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        wake = self._listen()
         try:
             while True:
-                self._wake.clear()
+                wake.clear()
                 if self.status is not Status.WAITING:
                     break
-                await self._wake.wait()
+                await wake.wait()
         except BaseException:
             self.cancel()
             raise
@@ -297,14 +302,13 @@ class Request:
     async def pieces(self, silence: float | None = None) -> AsyncGenerator[Piece | None, None]:
         """The pieces as they come; with ``silence`` (seconds), also None each time that long passes
         without one: a streamed answer sends a ping then (llama-server: --sse-ping-interval)."""
-        with self._cond:
-            self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        wake = self._listen()
         try:
             while True:
                 with self._cond:
                     item = self._take() if self._events else None
                     if item is None:
-                        self._wake.clear()
+                        wake.clear()
                 if item is _END:
                     break
                 if item is not None:
@@ -312,7 +316,7 @@ class Request:
                     continue
                 try:
                     async with asyncio.timeout(silence):
-                        await self._wake.wait()
+                        await wake.wait()
                 except TimeoutError:
                     yield None
         finally:
