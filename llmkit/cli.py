@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 from llmkit import models
 from llmkit.engine.config import DEFAULT_STEP_TOKENS, EngineConfig
+from llmkit.engine.speculative import SPEC_TYPES, SpecParams
 
 LOG_FORMAT = "%(asctime)s %(levelname).1s %(name)s: %(message)s"
 LAB = "pip install 'llmkit[lab]'"
@@ -68,6 +69,7 @@ def add_serve_parsers(sub: argparse._SubParsersAction) -> None:
     add_common_server_flags(slots)
     add_engine_flags(slots)
     add_kv_cache_flags(slots)
+    add_speculative_flags(slots)
     slots.add_argument("-n", "--n-predict", type=int, default=-1, help="default max tokens per request (-1: no limit)")
     slots.add_argument("--temp", type=float, default=0.8, help="default sampling temperature (default 0.8, 0 = greedy)")
     slots.add_argument("--alias", help="model name shown to clients (default: the GGUF file name)")
@@ -141,11 +143,33 @@ def add_kv_cache_flags(slots: argparse.ArgumentParser) -> None:
     )
 
 
+def add_speculative_flags(slots: argparse.ArgumentParser) -> None:
+    """Draft-free speculative decoding, llama-server's flags and defaults (``SpecParams``)."""
+    slots.add_argument(
+        "--spec-type", choices=SPEC_TYPES, default="none", help="guess the next tokens from n-grams of the slot's own text (default none)"
+    )
+    defaults = SpecParams()
+    for name, help_text in (
+        ("ngram_simple_size_n", "ngram-simple: tokens that must match"),
+        ("ngram_simple_size_m", "ngram-simple: tokens drafted at most"),
+        ("ngram_mod_n_match", "ngram-mod: tokens hashed to find the next one"),
+        ("ngram_mod_n_min", "ngram-mod: a shorter draft is none"),
+        ("ngram_mod_n_max", "ngram-mod: tokens drafted at most"),
+    ):
+        default = getattr(defaults, name)
+        flag = "--spec-" + name.replace("_", "-")
+        slots.add_argument(flag, type=int, default=default, metavar="N", help=f"{help_text} (default {default})")
+
+
 def engine_config(args: argparse.Namespace) -> EngineConfig:
+    speculative = SpecParams(
+        args.spec_type, args.spec_ngram_simple_size_n, args.spec_ngram_simple_size_m,
+        args.spec_ngram_mod_n_match, args.spec_ngram_mod_n_min, args.spec_ngram_mod_n_max,
+    )  # fmt: skip
     return EngineConfig(
         n_parallel=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads, kv_unified=args.kv_unified,
         step_tokens=args.step_tokens, cache_ram_mib=args.cache_ram, cache_idle_slots=args.cache_idle_slots,
-        cache_reuse=args.cache_reuse, context_shift=args.context_shift,
+        cache_reuse=args.cache_reuse, context_shift=args.context_shift, speculative=speculative,
     )  # fmt: skip
 
 

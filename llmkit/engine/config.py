@@ -6,7 +6,9 @@ set for the slots). The CLI builds one from its flags, the engine checks it once
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+
+from llmkit.engine.speculative import SpecParams
 
 # Tokens per step beside a running stream, by default: a step that reads a prompt chunk costs about as much as
 # its tokens, so this bounds the pause that a burst of long prompts puts between two tokens of a running stream
@@ -33,6 +35,9 @@ class EngineConfig:
     copies idle slots to it when a request starts; ``cache_reuse`` > 0 moves cached chunks
     of at least that many tokens into place; ``context_shift`` lets a generation go past a
     full slot by dropping tokens after ``n_keep``.
+
+    ``speculative``: draft-free speculative decoding (``--spec-type ngram-simple | ngram-mod``, off by
+    default as in llama-server): ``llmkit.engine.speculative``.
     """
 
     n_parallel: int = -1  # -np
@@ -45,6 +50,7 @@ class EngineConfig:
     cache_idle_slots: bool = True  # --cache-idle-slots
     cache_reuse: int = 0  # --cache-reuse
     context_shift: bool = False  # --context-shift
+    speculative: SpecParams = field(default_factory=SpecParams)  # --spec-type and its --spec-ngram-* settings
 
     def resolved(self) -> EngineConfig:
         """Checked (``ValueError`` says what is wrong), with the automatic settings made concrete."""
@@ -57,6 +63,7 @@ class EngineConfig:
             raise ValueError(f"n_ctx ({self.n_ctx}) must hold a token per slot, and n_batch ({self.n_batch}) be at least 1")
         if self.cache_reuse < 0:
             raise ValueError(f"cache_reuse must be 0 (off) or a number of tokens, not {self.cache_reuse}")
+        self.speculative.checked()
         kv_unified = self.n_parallel == -1 if self.kv_unified is None else self.kv_unified
         return replace(
             self, n_parallel=n_parallel, kv_unified=kv_unified, cache_idle_slots=self.cache_idle_slots and self.cache_ram_mib != 0

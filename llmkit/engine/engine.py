@@ -18,10 +18,12 @@ method with its C++ and says what differs):
 - ``admit`` ~ ``process_single_task``: waiting requests into idle slots
   (``scheduler.choose_slot`` ~ ``get_available_slot``, ``swap_prompt`` ~ its
   prompt-cache update, ``Slot.start`` ~ ``launch_slot_with_task``: a ``Job``);
-- ``update_slots`` ~ ``update_slots``: plan ONE batch from every job
+- ``update_slots`` ~ ``update_slots``: ``propose_drafts`` if the engine speculates
+  (``llmkit.engine.speculative``), plan ONE batch from every job
   (``scheduler.build_batch`` ~ the batch building of ``pre_decode``), ``decode``
   it, ``commit`` it to the slots, then for each job that asked for logits
-  ``sample`` (~ ``post_decode``) and ``process_token`` (~ ``process_token``),
+  ``sample`` (~ ``post_decode``; with a draft, its verification: the tokens the
+  model did not confirm leave the KV cache) and ``process_token`` (~ ``process_token``),
   which ``deliver``s text or ``finish``es the request (``fail`` when it
   cannot go on); then it ``wake``s the readers of what it delivered.
 
@@ -46,6 +48,7 @@ from llmkit.engine.prompt_cache import PromptCache
 from llmkit.engine.request import ContextSizeError, End, EngineError, Request, RequestParams, Status, TokenLogprob
 from llmkit.engine.scheduler import Chunk, build_batch, choose_slot, swaps_prompt
 from llmkit.engine.slot import Slot
+from llmkit.engine.speculative import make_drafter
 from llmkit.engine.status import Counters, EngineStatus, Share, SlotStatus, StepRecord
 from llmkit.llama import Batch, Context, DecodeError, KVCacheFullError, Model
 
@@ -77,6 +80,10 @@ class Engine:
         self.config = replace(
             config, cache_reuse=config.cache_reuse * self.ctx.can_shift, context_shift=config.context_shift and self.ctx.can_shift
         )
+        if config.speculative.type != "none" and not self.ctx.can_shift:
+            log.warning("speculative decoding is off: this model's memory cannot drop a rejected draft")
+            self.config = replace(self.config, speculative=replace(config.speculative, type="none"))
+        self.drafter = make_drafter(self.config.speculative)  # None: no speculation (--spec-type none)
         self.prompt_cache = PromptCache(config.cache_ram_mib, self.ctx.n_ctx) if config.cache_ram_mib != 0 else None
         self.slots = [Slot(i, self.ctx.n_ctx_seq) for i in range(config.n_parallel)]
         self.batch = Batch(self.ctx.n_batch)
@@ -226,6 +233,7 @@ class Engine:
         """One batch: plan it from every job, decode it, commit it, sample each job that asked (update_slots)."""
         t0 = time.perf_counter()
         self.prepare_slots()
+        self.propose_drafts()
         plan = build_batch(self.slots, self.batch.capacity, self.config.step_tokens)
         if not plan:
             return None
@@ -236,11 +244,10 @@ class Engine:
         decode_seconds = time.perf_counter() - t_decode
         self.commit(plan)
         sampling = [chunk for chunk in plan if chunk.i_logits >= 0]
-        for chunk in sampling:
-            self.sample(chunk)
+        accepted = {chunk.job.slot.id: self.sample(chunk) for chunk in sampling}
         for chunk in sampling:  # after every sampler: consumers' event loops run during the next decode
             chunk.job.request.wake()
-        return self.record(plan, t0, decode_seconds)
+        return self.record(plan, accepted, t0, decode_seconds)
 
     def prepare_slots(self) -> None:
         """Before the batch: cancelled requests leave their slots; a full slot shifts its context
@@ -252,6 +259,22 @@ class Engine:
                 self.finish(job, End.CANCELLED)
             elif self.config.context_shift and job.is_generating and slot.n_past >= slot.n_ctx:
                 slot.shift_context(self.ctx, self.model.add_bos)
+
+    def propose_drafts(self) -> None:
+        """Each stream guesses the tokens after the one it sampled; ``build_batch`` puts the guess behind it
+        (llama-server: the drafting in update_slots, ``common_speculative_draft``). A draft stays within
+        the slot's context, the request's ``max_tokens`` and its share of the batch."""
+        if self.drafter is None:
+            return
+        streams = [slot.job for slot in self.slots if slot.job is not None and slot.job.is_generating]
+        share = self.batch.capacity // max(len(streams), 1) - 1
+        for job in streams:
+            slot, params = job.slot, job.request.params
+            wanted = self.config.speculative.n_max if params.n_draft_max is None else params.n_draft_max
+            n_max = min(wanted, share, slot.n_ctx - slot.n_past - 2)
+            if params.max_tokens > 0:
+                n_max = min(n_max, params.max_tokens - len(job.request.output) - 1)
+            job.draft = self.drafter.draft(slot.id, slot.cache_tokens, job.last_token, n_max) if n_max > 0 else []
 
     def decode(self, plan: list[Chunk]) -> bool:
         """``llama_decode`` the plan; when the KV cache is full, clear idle slots one by one and retry
@@ -276,8 +299,9 @@ class Engine:
         """Write the plan into llama.cpp's batch: logits only where the step samples."""
         self.batch.clear()
         for chunk in plan:
+            first_logits = len(chunk.tokens) - len(chunk.logit_rows)  # the last token's, or with a draft every one's
             for k, token in enumerate(chunk.tokens):
-                self.batch.add(token, chunk.pos + k, chunk.job.slot.id, logits=chunk.i_logits >= 0 and k == len(chunk.tokens) - 1)
+                self.batch.add(token, chunk.pos + k, chunk.job.slot.id, logits=k >= first_logits)
 
     def commit(self, plan: list[Chunk]) -> None:
         """The decode succeeded: its tokens are in the KV cache now, so in ``cache_tokens`` too."""
@@ -286,10 +310,12 @@ class Engine:
             if chunk.is_prompt:
                 chunk.job.n_prompt_done += len(chunk.tokens)
 
-    def record(self, plan: list[Chunk], t0: float, decode_seconds: float) -> StepRecord:
-        batch = tuple(Share(c.job.slot.id, len(c.tokens), c.is_prompt, c.i_logits >= 0) for c in plan)
+    def record(self, plan: list[Chunk], accepted: dict[int, int], t0: float, decode_seconds: float) -> StepRecord:
+        batch = tuple(
+            Share(c.job.slot.id, len(c.tokens), c.is_prompt, c.i_logits >= 0, len(c.draft), accepted.get(c.job.slot.id, 0)) for c in plan
+        )
         n_prompt = sum(share.n_tokens for share in batch if share.is_prompt)
-        n_generated = sum(not share.is_prompt for share in batch)
+        n_generated = sum(share.n_tokens for share in batch if not share.is_prompt)
         step = StepRecord(t0, time.perf_counter() - t0, decode_seconds, n_prompt, n_generated, len(plan), batch)
         self.counters.record_step(step)
         self.steps.append(step)
@@ -305,24 +331,54 @@ class Engine:
                 return True
         return False
 
-    def sample(self, chunk: Chunk) -> None:
+    def sample(self, chunk: Chunk) -> int:
         """A token for the job from its logits in this batch, with its logprobs if asked, handed to
-        ``process_token`` (llama-server: post_decode's common_sampler_sample)."""
-        job = chunk.job
+        ``process_token`` (llama-server: post_decode's common_sampler_sample).
+
+        With a draft, sample at each of its rows in turn while the token sampled equals the draft's
+        (llama-server: common_sampler_sample_and_accept_n): every draft token confirmed is a token
+        gained, the first one that differs is the step's own. Returns how many draft tokens were accepted.
+        """
+        job, draft = chunk.job, chunk.draft
+        n_probs = job.request.params.n_probs
+        sampled: list[tuple[int, TokenLogprob | None]] = []
         try:
-            token = job.sampler.sample(self.ctx, chunk.i_logits)
-            n_probs = job.request.params.n_probs
-            logprobs = self._logprobs(chunk.i_logits, token, n_probs) if n_probs else None
+            for k, row in enumerate(chunk.logit_rows):
+                token = job.sampler.sample(self.ctx, row)
+                sampled.append((token, self._logprobs(row, token, n_probs) if n_probs else None))
+                if k == len(draft) or token != draft[k] or self.model.is_eog(token):
+                    break
         except Exception as exc:  # noqa: BLE001 -- a sampler that fails ends its own request, not the engine
             self.fail(job, EngineError(f"sampling failed: {exc}"))
-            return
-        self.process_token(job, token, logprobs)
+            return 0
+        n_accepted = len(sampled) - 1
+        if draft:
+            self.accept_draft(job, chunk, n_accepted)
+        for token, logprobs in sampled:
+            self.process_token(job, token, logprobs)
+            if job.request.done:
+                break
+        return n_accepted
+
+    def accept_draft(self, job: Job, chunk: Chunk, n_accepted: int) -> None:
+        """Keep the draft's first ``n_accepted`` tokens in the KV cache: the rest leave it (llama-server: the
+        speculative accept in update_slots, ``keep_first`` and ``seq_rm``)."""
+        job.slot.truncate(self.ctx, chunk.pos + 1 + n_accepted)
+        job.draft = []
+        timings = job.request.timings
+        timings.draft_n += len(chunk.draft)
+        timings.draft_n_accepted += n_accepted
+        self.counters.record_draft(len(chunk.draft), n_accepted)
+        if self.drafter is not None:
+            self.drafter.accept(job.slot.id, len(chunk.draft), n_accepted)
 
     def process_token(self, job: Job, token: int, logprobs: TokenLogprob | None) -> None:
         """Check a sampled token, then deliver it or finish the request (llama-server: process_token)."""
         request = job.request
         if request.status is Status.PROMPT:
             request.first_token()
+            if self.drafter is not None:
+                self.drafter.begin(job.slot.id, job.slot.cache_tokens)
         if request.params.max_tokens == 0:  # prompt only (llama-server's n_predict = 0)
             self.finish(job, End.LIMIT)
         elif self.model.is_eog(token):

@@ -69,6 +69,7 @@ class RequestParams:
     n_probs: int = 0  # > 0: report logprobs with this many alternatives
     n_keep: int = 0  # prompt tokens a context shift keeps (-1: the whole prompt)
     n_cache_reuse: int | None = None  # move cached chunks of at least this many tokens into place (None: the engine's)
+    n_draft_max: int | None = None  # speculation: at most this many draft tokens a step (None: the engine's; 0: none)
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
     @classmethod
@@ -110,6 +111,8 @@ class Timings:
     prompt_ms: float = 0.0
     predicted_n: int = 0
     predicted_ms: float = 0.0
+    draft_n: int = 0  # tokens drafted by speculation (llama-server reports these two only when it drafted)
+    draft_n_accepted: int = 0  # of which the model sampled too: each one a token without a step of its own
 
     def to_dict(self) -> dict:
         def per(n: int, ms: float) -> tuple[float, float]:
@@ -129,7 +132,7 @@ class Timings:
             "predicted_ms": self.predicted_ms,
             "predicted_per_token_ms": predicted_per_token_ms,
             "predicted_per_second": predicted_per_second,
-        }
+        } | ({"draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted} if self.draft_n else {})
 
 
 @dataclass

@@ -61,26 +61,38 @@ class Chunk:
     """What one job puts in a step's batch: ``tokens`` at positions ``pos``, ``pos + 1``, ... of its slot.
 
     ``i_logits``: where in the batch its last token is, if the step samples from it (-1: it does not,
-    a prompt chunk that is not the prompt's end).
+    a prompt chunk that is not the prompt's end). A stream's chunk is the token it sampled last step,
+    then its ``draft`` if it speculates: the step samples at each of those (``logit_rows``).
     """
 
     job: Job
     tokens: list[int]
     pos: int
     i_logits: int
-    is_prompt: bool  # prompt tokens (else the token sampled last step)
+    is_prompt: bool  # prompt tokens (else the token sampled last step, and its draft)
+
+    @property
+    def draft(self) -> list[int]:
+        """The tokens guessed to follow a stream's sampled token (speculation; empty: none)."""
+        return [] if self.is_prompt else self.tokens[1:]
+
+    @property
+    def logit_rows(self) -> range:
+        """The batch rows the step samples from, in order: the last token's, and with a draft every one's."""
+        return range(self.i_logits - len(self.draft), self.i_logits + 1) if self.i_logits >= 0 else range(0)
 
 
 def build_batch(slots: list[Slot], capacity: int, budget: int = 0) -> list[Chunk]:
     """Plan one ``llama_decode``: what each busy slot puts in the batch, in order. Changes nothing.
 
     Mirrors the batch building in llama-server's ``pre_decode`` (called by ``update_slots``):
-    1. every generating slot adds the token it sampled last step;
+    1. every generating slot adds the token it sampled last step (and its draft, if it speculates:
+       ``Engine.propose_drafts``);
     2. slots still reading their prompt add prompt tokens while the step has
        room (a long prompt continues next step: chunked prefill); llmkit takes
        the oldest request first, where llama-server goes in slot order, so a
        request is never overtaken by a later one that landed in a lower slot;
-    only a prompt's very last token asks for logits, since only there do we sample.
+    of a prompt, only the very last token asks for logits, since only there do we sample.
 
     ``budget`` caps the tokens of a step that carries running streams (0: the batch's
     ``capacity``, llama-server's ``n_batch``). A small budget is stall-free batching
@@ -88,18 +100,22 @@ def build_batch(slots: list[Slot], capacity: int, budget: int = 0) -> list[Chunk
     step while the running streams keep getting a token every step, instead of waiting
     for one huge decode. A step with no running stream has no one to keep waiting: its
     prompts fill the batch, so a request alone gets its first token as soon as without it.
+    A draft does not count against the budget: it is the streams' own tokens, checked in bulk.
     """
     jobs = [slot.job for slot in slots if slot.job is not None]
-    generating = [job for job in jobs if job.is_generating]
-    plan = [Chunk(job, [job.last_token], job.slot.n_past, i, False) for i, job in enumerate(generating)]
+    plan, n_tokens = [], 0
+    for job in (job for job in jobs if job.is_generating):
+        n_tokens += 1 + len(job.draft)
+        plan.append(Chunk(job, [job.last_token, *job.draft], job.slot.n_past, n_tokens - 1, False))
     limit = min(budget or capacity, capacity) if plan else capacity
-    n_tokens = len(plan)
+    n_budgeted = len(plan)  # a stream counts as one token against the budget, its draft as none
     for job in sorted((job for job in jobs if job.request.status is Status.PROMPT), key=lambda job: job.request.id):
-        room = limit - n_tokens
+        room = min(limit - n_budgeted, capacity - n_tokens)
         if room <= 0:
             break
         tokens = job.prompt_left[:room]
         last = job.n_prompt_done + len(tokens) == len(job.request.prompt)
         n_tokens += len(tokens)
+        n_budgeted += len(tokens)
         plan.append(Chunk(job, tokens, job.slot.n_past, n_tokens - 1 if last else -1, True))
     return plan

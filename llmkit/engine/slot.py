@@ -112,6 +112,11 @@ class Slot:
         del self.cache_tokens[n_keep : n_keep + n_discard]
         request.truncated = True
 
+    def truncate(self, ctx: Context, n: int) -> None:
+        """Keep the first ``n`` tokens in this slot's KV cache (a rejected draft leaves it)."""
+        ctx.seq_rm(self.id, n, -1)
+        del self.cache_tokens[n:]
+
     # --- the prompt cache (server_slot::prompt_save / prompt_load / prompt_clear) ----------
 
     def save_prompt(self, cache: PromptCache, ctx: Context) -> bool:

@@ -28,7 +28,10 @@ class Counters:
     n_busy_slots_total: int = 0  # summed over decodes: / n_decode_total = busy slots per decode
     n_tokens_decoded_total: int = 0  # batch sizes summed over decodes
     batch_prompt_tokens_total: int = 0  # of which prompt tokens ...
-    batch_generated_tokens_total: int = 0  # ... and tokens sampled the step before (one per generating slot)
+    batch_generated_tokens_total: int = 0  # ... and streams' tokens (the one sampled the step before, and drafts)
+    spec_decode_num_draft_tokens_total: int = 0  # speculation: tokens drafted (llama-server's names) ...
+    spec_decode_num_accepted_tokens_total: int = 0  # ... of which accepted ...
+    spec_decode_num_drafts_total: int = 0  # ... over this many verifications
     decode_seconds_total: float = 0.0  # time inside llama_decode
     step_seconds_total: float = 0.0  # whole steps: decode + Python bookkeeping
     requests_finished_total: int = 0
@@ -52,6 +55,11 @@ class Counters:
     def record_failure(self) -> None:
         self.requests_failed_total += 1
 
+    def record_draft(self, n_drafted: int, n_accepted: int) -> None:
+        self.spec_decode_num_draft_tokens_total += n_drafted
+        self.spec_decode_num_accepted_tokens_total += n_accepted
+        self.spec_decode_num_drafts_total += 1
+
     def record_step(self, step: StepRecord) -> None:
         self.n_decode_total += 1
         self.n_busy_slots_total += step.n_slots
@@ -67,8 +75,10 @@ class Share(NamedTuple):
 
     slot: int
     n_tokens: int
-    is_prompt: bool  # prompt tokens (else the token sampled the step before)
+    is_prompt: bool  # prompt tokens (else the token sampled the step before, and its draft)
     sampled: bool  # the step sampled a token for it
+    n_draft: int = 0  # speculation: of n_tokens, tokens guessed ...
+    n_accepted: int = 0  # ... and of those, the ones the model sampled too (kept in the KV cache)
 
 
 @dataclass(frozen=True)
@@ -79,7 +89,7 @@ class StepRecord:
     seconds: float  # the whole step
     decode_seconds: float  # of which inside llama_decode
     n_prompt: int  # prompt tokens in the batch
-    n_generated: int  # tokens of generating slots in the batch
+    n_generated: int  # tokens of generating slots in the batch (one each, plus drafts)
     n_slots: int  # slots with a token in the batch
     batch: tuple[Share, ...] = ()  # who put what in it, in batch order
 
@@ -95,6 +105,8 @@ class JobStatus:
     n_prompt_tokens_processed: int  # evaluated so far
     n_decoded: int  # tokens generated so far
     params: dict  # RequestParams.to_dict()
+    draft_n: int  # speculation: tokens drafted so far ...
+    draft_n_accepted: int  # ... and accepted
 
 
 @dataclass(frozen=True)
@@ -111,9 +123,11 @@ class SlotStatus:
         if job is None:
             return cls(slot.id, slot.n_ctx, slot.n_past, slot.n_restored, None)
         r = job.request
+        t = r.timings
         running = JobStatus(
-            r.id, r.status.value, len(r.prompt), r.timings.cache_n, job.n_prompt_done - r.timings.cache_n, len(r.output), r.params.to_dict()
-        )
+            r.id, r.status.value, len(r.prompt), t.cache_n, job.n_prompt_done - t.cache_n, len(r.output), r.params.to_dict(),
+            t.draft_n, t.draft_n_accepted,
+        )  # fmt: skip
         return cls(slot.id, slot.n_ctx, slot.n_past, slot.n_restored, running)
 
 

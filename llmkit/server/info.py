@@ -89,14 +89,17 @@ async def props(state: State) -> dict:
 async def slots(state: State) -> list[dict]:
     if not state.settings.slots:
         raise ApiError(501, "This server does not support slots endpoint. Start it with `--slots`")
-    return [slot_json(slot) for slot in state.engine.status().slots]
+    status = state.engine.status()
+    speculative = status.config.speculative.type != "none"
+    return [slot_json(slot, speculative) for slot in status.slots]
 
 
-def slot_json(slot: SlotStatus) -> dict:
+def slot_json(slot: SlotStatus, speculative: bool = False) -> dict:
     """One slot as ``GET /slots`` shows it (llama-server's keys, and llmkit's ``n_cached`` and ``n_restored_from_cache``)."""
     state: dict[str, Any] = {
         "id": slot.id,
         "n_ctx": slot.n_ctx,
+        "speculative": speculative,
         "is_processing": slot.job is not None,
         "n_cached": slot.n_cached,
         "n_restored_from_cache": slot.n_restored,

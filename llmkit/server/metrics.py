@@ -33,11 +33,14 @@ COUNTERS = {  # counter name -> its help text (the same words as llama-server's)
     "tokens_predicted_total": "Number of generation tokens processed",
     "tokens_predicted_seconds_total": "Total time spent generating tokens",
     "n_decode_total": "Total number of llama_decode() calls",
+    "spec_decode_num_draft_tokens_total": "Speculative: Total draft tokens generated",
+    "spec_decode_num_accepted_tokens_total": "Speculative: Total draft tokens accepted by the target model",
+    "spec_decode_num_drafts_total": "Speculative: Total speculative decoding verification steps",
     # llmkit's own (not in llama-server): their ratio is Python's share of each engine step
     "decode_seconds_total": "Time spent inside llama_decode()",
     "step_seconds_total": "Time spent in engine steps (llama_decode + Python)",
     "batch_prompt_tokens_total": "Prompt tokens put in llama_decode() batches",
-    "batch_generated_tokens_total": "Tokens of generating slots put in llama_decode() batches (one per slot per step)",
+    "batch_generated_tokens_total": "Tokens of generating slots put in llama_decode() batches (one per slot per step, plus drafts)",
 }
 
 

@@ -94,6 +94,9 @@ class GenerationRequest(ApiModel):
     n_probs: Annotated[int, Field(ge=0, le=20)] = 0
     n_keep: Annotated[int, Field(ge=-1)] = 0  # context shift keeps this many prompt tokens (-1: all)
     n_cache_reuse: Annotated[int, Field(ge=0)] | None = None  # None: the server's --cache-reuse
+    # speculation: at most this many draft tokens a step (None: the server's; 0: off). Older llama-servers read
+    # this field; the pinned one sets speculation per server only
+    speculative_n_max: Annotated[int, Field(ge=0)] | None = Field(None, alias="speculative.n_max")
     grammar: str | None = None
     json_schema: dict | None = None
     sse_ping_interval: int | None = None  # seconds of silence before a ping, this stream only (None: the server's)
@@ -384,6 +387,7 @@ def params_from_body(
         "n_probs": 0 if n_top is None else max(n_top, 1),  # the engine computes logprobs only when n_probs > 0
         "n_keep": body.n_keep,
         "n_cache_reuse": body.n_cache_reuse,
+        "n_draft_max": body.speculative_n_max,
         "sampling": dataclasses.replace(defaults.sampling, **{k: v for k, v in sampling.items() if v is not None}),
     }
     return dataclasses.replace(defaults, **{k: v for k, v in own.items() if v is not None or k == "id_slot"})
