@@ -100,22 +100,21 @@ def build_batch(slots: list[Slot], capacity: int, budget: int = 0) -> list[Chunk
     step while the running streams keep getting a token every step, instead of waiting
     for one huge decode. A step with no running stream has no one to keep waiting: its
     prompts fill the batch, so a request alone gets its first token as soon as without it.
-    A draft does not count against the budget: it is the streams' own tokens, checked in bulk.
+    A draft does not count against the budget: it is a stream's own tokens, checked in bulk.
     """
     jobs = [slot.job for slot in slots if slot.job is not None]
     plan, n_tokens = [], 0
     for job in (job for job in jobs if job.is_generating):
         n_tokens += 1 + len(job.draft)
         plan.append(Chunk(job, [job.last_token, *job.draft], job.slot.n_past, n_tokens - 1, False))
-    limit = min(budget or capacity, capacity) if plan else capacity
-    n_budgeted = len(plan)  # a stream counts as one token against the budget, its draft as none
+    n_drafted = n_tokens - len(plan)  # drafts do not count against the budget: they are the streams' own tokens
+    limit = min(budget + n_drafted if budget else capacity, capacity) if plan else capacity
     for job in sorted((job for job in jobs if job.request.status is Status.PROMPT), key=lambda job: job.request.id):
-        room = min(limit - n_budgeted, capacity - n_tokens)
+        room = limit - n_tokens
         if room <= 0:
             break
         tokens = job.prompt_left[:room]
         last = job.n_prompt_done + len(tokens) == len(job.request.prompt)
         n_tokens += len(tokens)
-        n_budgeted += len(tokens)
         plan.append(Chunk(job, tokens, job.slot.n_past, n_tokens - 1 if last else -1, True))
     return plan
