@@ -76,6 +76,27 @@ def test_a_catalog_in_the_folder_translates_and_formats(tmp_path, monkeypatch):
         course.catalog.cache_clear()
 
 
+def test_large_numbers_count_in_millions_in_english_and_in_man_in_japanese(tmp_path, monkeypatch):
+    assert course.language(NOTEBOOKS / "en") == "en" and course.language(NOTEBOOKS / "ja") == "ja"
+    english, japanese = tmp_path / "en", tmp_path / "ja"
+    (japanese / "locale").mkdir(parents=True)
+    english.mkdir()
+    po = polib.POFile()
+    po.metadata = {"Language": "ja"}
+    po.save(str(japanese / "locale" / "x.po"))
+    counts = (373_000, 91, 23_078, 9_100_000, 120_000_000, 2_500_000_000)
+    printed = {}
+    for folder in (english, japanese):
+        monkeypatch.chdir(folder)
+        course.language.cache_clear()
+        try:
+            printed[folder.name] = [course.large_number(n) for n in counts] + [course.large_number(373_000, digits=3)]
+        finally:
+            course.language.cache_clear()
+    assert printed["en"] == ["0.37 million", "91", "23,000", "9.1 million", "120 million", "2.5 billion", "0.373 million"]
+    assert printed["ja"] == ["37 万", "91", "2.3 万", "910 万", "1.2 億", "25 億", "37.3 万"]
+
+
 def test_the_notebooks_use_tr():
     assert len(USED) > 100, "the chapters print their labels through llmkit.course.tr"
 

@@ -28,10 +28,17 @@ string's width in a format spec (``{name:13}``) in display columns (``wcwidth``)
 
     print(table(rows, headers=(tr("field"), "slots", tr("meaning"))))   # each column as wide as its widest cell
     print(pad(tr("read size"), 12, ">"), n)
+
+Large counts are written the way each language counts them, by ``large_number``: in English in millions and
+billions (``0.37 million``), in Japanese in 万 and 億 (``37 万``, the glossary's rule), chosen by the same folder as
+the catalog (its ``.po`` files' ``Language`` header)::
+
+    print(tr("the default 8192 MiB hold about {n} tokens", n=large_number(8192 * MIB / per_token)))
 """
 
 from __future__ import annotations
 
+import math
 import re
 import string
 import warnings
@@ -63,6 +70,41 @@ def tr(text: str, /, **values: object) -> str:
     if table and text not in table:
         warnings.warn(f"no translation for {text!r}: printed in English", stacklevel=2)
     return COLUMNS.vformat(table.get(text, text), (), values)
+
+
+@cache
+def language(folder: Path | None = None) -> str:
+    """The language of ``folder``'s catalogs (default: the working directory), from their ``Language`` header; else ``en``."""
+    folder = Path.cwd() if folder is None else folder
+    files = sorted((folder / "locale").glob("*.po"))
+    if not files:
+        return "en"
+    import polib
+
+    return str(polib.pofile(str(files[0])).metadata.get("Language") or "en")
+
+
+# How each language groups a large count: (smallest value written with the word, what the word stands for, the word),
+# largest first; a smaller count is written out in full (12,000).
+LARGE_NUMBERS = {
+    "en": ((1e9, 1e9, "billion"), (1e5, 1e6, "million")),  # 0.37 million, not 370 thousand
+    "ja": ((1e12, 1e12, "兆"), (1e8, 1e8, "億"), (1e4, 1e4, "万")),  # 37 万, 1.2 億
+}
+
+
+def large_number(n: float, digits: int = 2) -> str:
+    """``n`` rounded to ``digits`` significant figures, in the folder's language: ``0.37 million``, ``37 万``."""
+    value = float(f"{n:.{digits}g}")
+    for smallest, unit, word in LARGE_NUMBERS.get(language(), LARGE_NUMBERS["en"]):
+        if abs(value) >= smallest:
+            return f"{significant(value / unit, digits)} {word}"
+    return significant(value, digits)
+
+
+def significant(x: float, digits: int) -> str:
+    """``x`` with as many decimals as ``digits`` significant figures need (none for a whole number), digits grouped."""
+    decimals = max(digits - 1 - math.floor(math.log10(abs(x))), 0) if x else 0
+    return f"{x:,.{decimals}f}"
 
 
 def width(text: str) -> int:
