@@ -159,12 +159,16 @@ def batch_html(step: StepRecord | None) -> str:
     """The last step's batch: who put how many prompt or generated tokens in it, who was sampled, how long it took."""
     if step is None:
         return html.escape(tr("no step has decoded anything yet"))
+    drafts = any(share.n_draft for share in step.batch)  # speculation: a column for the drafts, when the step verified one
     rows = "".join(
         f"<tr><td>{share.slot}</td><td>{share.n_tokens if share.is_prompt else ''}</td>"
-        f"<td>{'' if share.is_prompt else share.n_tokens}</td><td>{'✓' if share.sampled else ''}</td></tr>"
+        f"<td>{'' if share.is_prompt else share.n_tokens}</td>"
+        + (f"<td>{f'{share.n_accepted} / {share.n_draft}' if share.n_draft else ''}</td>" if drafts else "")
+        + f"<td>{'✓' if share.sampled else ''}</td></tr>"
         for share in step.batch
     )
-    head = "".join(f"<th>{html.escape(label)}</th>" for label in (tr("slot"), tr("prompt tokens"), tr("generated tokens"), tr("sampled")))
+    labels = (tr("slot"), tr("prompt tokens"), tr("generated tokens"), *([tr("draft accepted")] if drafts else []), tr("sampled"))
+    head = "".join(f"<th>{html.escape(label)}</th>" for label in labels)
     title = tr("last step: one llama_decode, batch of {n}, {ms:.0f} ms", n=step.n_prompt + step.n_generated, ms=step.seconds * 1e3)
     return f"{html.escape(title)}<table><tr>{head}</tr>{rows}</table>"
 
@@ -175,7 +179,8 @@ def engine_html(engine: Engine) -> str:
     Read it only while no step runs (an engine created with ``start=False``): it reads the live slots.
     """
     last = engine.steps[-1] if engine.steps else None
-    written = {share.slot: share.n_tokens for share in last.batch} if last is not None else {}
+    # the cells the last step left: a rejected draft's are gone again
+    written = {share.slot: share.n_tokens - share.n_draft + share.n_accepted for share in last.batch} if last is not None else {}
     per_box = max(1, math.ceil(max(slot.n_past for slot in engine.slots) / MAX_BOXES))
     waiting = ", ".join(tr("#{id} ({n} tokens)", id=r.id, n=len(r.prompt)) for r in engine.waiting) or tr("nobody")
     labels = {"reused": tr("reused from the cache"), "earlier": tr("written by earlier steps"), "last": tr("written by the last step")}
