@@ -14,7 +14,7 @@ tokens costs little more than a decode of one on a small model.
 
 The tokens are those the model would sample one step at a time: the same sampler sees the same
 logits, in order. Only the numerics move: a batch of 40 tokens is not computed exactly like 40 batches
-of one, so where two tokens are nearly tied, a greedy answer can change (chapter 4 counts it).
+of one, so where two tokens are nearly tied, a greedy answer can change (chapter 9 shows where).
 
 ``Drafter`` is the interface; ``NgramSimple`` and ``NgramMod`` are llama-server's two draft-free modes.
 """
