@@ -25,6 +25,7 @@ import ctypes
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -89,13 +90,13 @@ class Variant:
 
 VARIANTS = {
     "before": Variant("llmkit's Context before issue 22 (llama-cpp-python defaults, n_ubatch 512)"),
-    "fa-off": Variant("flash_attn_type disabled (the default, auto, resolves to?)", {"flash_attn_type": 0}),
+    "fa-off": Variant("flash_attn_type disabled (the default, auto, enables it on the CPU)", {"flash_attn_type": 0}),
     "fa-on": Variant("flash_attn_type enabled", {"flash_attn_type": 1}),
     "perf": Variant("no_perf false (common_params' default: llama-server and batched-bench measure)", {"no_perf": False}),
     "swa-full-off": Variant("swa_full false (common_params' default)", {"swa_full": False}),
     "ubatch-2048": Variant("n_ubatch = n_batch = 2048", {"n_ubatch": 2048}),
-    "extra-bufts": Variant("model loaded with use_extra_bufts (common's default: repacked weights)", extra_bufts=True),
-    "pool-50": Variant("a ggml threadpool with poll 50 attached (llama-server's common_threadpools)", poll=50),
+    "extra-bufts": Variant("use_extra_bufts, common's default (repacked weights: none for Q4_1 on x86)", extra_bufts=True),
+    "pool-50": Variant("a ggml threadpool, poll 50, as llama-server (an OpenMP build ignores poll)", poll=50),
     "pool-0": Variant("a ggml threadpool with poll 0 attached", poll=0),
     "no-sample": Variant("no sampling: random tokens, as batched-bench", sample=False),
     "llmkit": Variant("llmkit.llama.Context as it is now", llmkit=True),
@@ -155,8 +156,8 @@ def load_model(path: Path, extra_bufts: bool) -> Model:
         lc.llama_model_load_from_file = load
 
 
-def run(model: Model, v: Variant, n: int, args: argparse.Namespace) -> float:
-    """One raw loop on a fresh context: aggregate decode tok/s of ``n`` sequences."""
+def run(model: Model, v: Variant, n: int, args: argparse.Namespace) -> tuple[float, float]:
+    """One raw loop on a fresh context: aggregate decode tok/s of ``n`` sequences, per wall second and per CPU second."""
     ctx = _Ctx(model, args.ctx_per_slot * max(args.seqs), max(args.seqs), args.threads, v)
     batch = Batch(max(2048, n * args.prompt))
     samplers = [Sampler(model, SamplingParams(temperature=0, ignore_eos=True)) for _ in range(n)] if v.sample else []
@@ -169,7 +170,7 @@ def run(model: Model, v: Variant, n: int, args: argparse.Namespace) -> float:
                 i = batch.add(rng.randrange(model.n_vocab), pos, seq, logits=pos == args.prompt - 1)
             last.append(i)
         ctx.decode(batch)  # the prefill, untimed: it also warms the graph up
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for step in range(args.gen):
             if v.sample:
                 tokens = [s.sample(ctx, i) for s, i in zip(samplers, last, strict=True)]  # type: ignore[arg-type]
@@ -179,7 +180,7 @@ def run(model: Model, v: Variant, n: int, args: argparse.Namespace) -> float:
             last = [batch.add(t, args.prompt + step, seq, logits=True) for seq, t in enumerate(tokens)]
             ctx.decode(batch)
         lc.llama_synchronize(ctx.handle)
-        return n * args.gen / (time.perf_counter() - t0)
+        return n * args.gen / (time.perf_counter() - t0), n * args.gen / (time.process_time() - c0)
     finally:
         for s in samplers:
             s.close()
@@ -187,14 +188,21 @@ def run(model: Model, v: Variant, n: int, args: argparse.Namespace) -> float:
         ctx.close()
 
 
-def batched_bench(binary: Path, model: Path, args: argparse.Namespace) -> dict[int, float]:
-    """llama-batched-bench on the same shapes: S_TG (decode tok/s) per number of sequences."""
-    command = [str(binary), "-m", str(model), "-c", str(args.ctx_per_slot * max(args.seqs)), "-b", "2048", "-ub", "512"]
-    command += ["-npp", str(args.prompt), "-ntg", str(args.gen), "-npl", ",".join(map(str, args.seqs))]
-    command += ["-t", str(args.threads), "-tb", str(args.threads), "--output-format", "jsonl"]
-    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    return {row["pl"]: row["speed_tg"] for row in rows}
+def batched_bench(binary: Path, model: Path, n: int, args: argparse.Namespace) -> tuple[float, float]:
+    """llama-batched-bench on the same shape: S_TG (decode tok/s) of ``n`` sequences, per wall second and per CPU
+    second (the CPU time of a run with 1 + ``gen`` decode steps less that of a run with 1: the steps alone)."""
+
+    def once(n_tg: int) -> tuple[float, float]:
+        command = [str(binary), "-m", str(model), "-c", str(args.ctx_per_slot * max(args.seqs)), "-b", "2048", "-ub", "512"]
+        command += ["-npp", str(args.prompt), "-ntg", str(n_tg), "-npl", str(n), "-t", str(args.threads), "-tb", str(args.threads)]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        out = subprocess.run([*command, "--output-format", "jsonl"], capture_output=True, text=True, check=True).stdout
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        row = next(json.loads(line) for line in out.splitlines() if line.startswith("{"))
+        return row["speed_tg"], (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+    speed, cpu = once(1 + args.gen)
+    return speed, n * args.gen / (cpu - once(1)[1])
 
 
 def find_batched_bench() -> Path | None:
@@ -224,7 +232,7 @@ def main() -> None:
     binaries = args.batched_bench or ([found] if found else [])
     models_by_bufts = {extra: load_model(path, extra) for extra in {VARIANTS[name].extra_bufts for name in args.variants}}
 
-    results: dict[str, dict[int, list[float]]] = {name: {n: [] for n in args.seqs} for name in args.variants}
+    results: dict[str, dict[int, list[tuple[float, float]]]] = {name: {n: [] for n in args.seqs} for name in args.variants}
     for binary in binaries:
         results[binary.name] = {n: [] for n in args.seqs}
     print(f"{path.name}, -t {args.threads}, prompt {args.prompt}, {args.gen} decode steps, {args.rounds} rounds")
@@ -234,23 +242,24 @@ def main() -> None:
             for n in args.seqs:
                 results[name][n].append(run(models_by_bufts[v.extra_bufts], v, n, args))
             if args.verbose:
-                print(f"  {name}: " + "  ".join(f"{n} seq {results[name][n][-1]:.1f}" for n in args.seqs), flush=True)
+                print(f"  {name}: " + "  ".join(f"{n} seq {results[name][n][-1][0]:.1f}" for n in args.seqs), flush=True)
         for binary in binaries:
-            for n, tps in batched_bench(binary, path, args).items():
-                results[binary.name][n].append(tps)
-        last = "  ".join(f"{name} {per_n[args.seqs[-1]][-1]:.0f}" for name, per_n in results.items())
+            for n in args.seqs:
+                results[binary.name][n].append(batched_bench(binary, path, n, args))
+        last = "  ".join(f"{name} {per_n[args.seqs[-1]][-1][0]:.0f}" for name, per_n in results.items())
         print(f"round {r + 1}/{args.rounds} (load {os.getloadavg()[0]:.1f}), {args.seqs[-1]} seq: {last}", flush=True)
 
-    base = {n: statistics.median(results["before"][n]) for n in args.seqs}
-    print(f"\naggregate decode tok/s, median of {args.rounds} [min-max] (x = ratio of medians to 'before')")
-    print(f"{'variant':22}" + "".join(f"{f'{n} seq':>26}" for n in args.seqs))
-    for name, per_n in results.items():
-        cells = []
-        for n in args.seqs:
-            xs = per_n[n]
-            med = statistics.median(xs)
-            cells.append(f"{med:6.1f} [{min(xs):5.1f}-{max(xs):5.1f}] {med / base[n]:5.2f}x")
-        print(f"{name:22}" + "".join(f"{c:>26}" for c in cells))
+    for k, what in enumerate(("wall second", "CPU second (robust to other load at -t 1)")):
+        base = {n: statistics.median(x[k] for x in results["before"][n]) for n in args.seqs}
+        print(f"\naggregate decode tok/s per {what}: median of {args.rounds} [min-max], ratio of medians to 'before'")
+        print(f"{'variant':26}" + "".join(f"{f'{n} seq':>28}" for n in args.seqs))
+        for name, per_n in results.items():
+            cells = []
+            for n in args.seqs:
+                xs = [x[k] for x in per_n[n]]
+                med = statistics.median(xs)
+                cells.append(f"{med:6.1f} [{min(xs):5.1f}-{max(xs):5.1f}] {med / base[n]:5.2f}x")
+            print(f"{name:26}" + "".join(f"{c:>28}" for c in cells))
     for name in args.variants:
         print(f"  {name}: {VARIANTS[name].doc}")
 
