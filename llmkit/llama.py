@@ -235,6 +235,10 @@ class Context:
         embeddings: bool = False,
         kv_unified: bool = False,
     ):
+        # The fields that matter to decode speed are already llama-server's and llama-batched-bench's
+        # (common_context_params_to_llama): flash_attn_type "auto" (on the CPU: enabled), n_ubatch 512.
+        # Those that differ (no_perf, swa_full; a ggml threadpool; Model's use_extra_bufts) gained
+        # nothing measurable here: scripts/decode_path.py.
         params = lc.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = n_batch
