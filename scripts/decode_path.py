@@ -206,7 +206,9 @@ def batched_bench(binary: Path, model: Path, n: int, args: argparse.Namespace) -
 
 
 def find_batched_bench() -> Path | None:
-    for candidate in (os.environ.get("LLAMA_BATCHED_BENCH"), shutil.which("llama-batched-bench"), "/tmp/bb/build/bin/llama-batched-bench"):
+    """$LLAMA_BATCHED_BENCH, else llama-batched-bench on the PATH (build it in llama-server's build tree:
+    cmake --build BUILD --target llama-batched-bench)."""
+    for candidate in (os.environ.get("LLAMA_BATCHED_BENCH"), shutil.which("llama-batched-bench")):
         if candidate and Path(candidate).is_file():
             return Path(candidate)
     return None
