@@ -61,7 +61,7 @@ from tqdm import tqdm
 
 from llmkit.course import launch
 from llmkit.course.bench import report
-from llmkit.course.bench.config import CACHE_REUSE, NO_BUDGET, RAW, SMALL_BATCH, SOAK_CACHE_RAM_MIB, BenchError, Config
+from llmkit.course.bench.config import CACHE_REUSE, NO_BUDGET, RAW, SMALL_BATCH, SOAK_CACHE_RAM_MIB, SPEC_MODES, BenchError, Config
 from llmkit.course.bench.prompts import LANG, TEXTS, chat_prompt, edited_chat, long_system_prompt, long_text
 from llmkit.course.bench.raw import RawDecoder
 from llmkit.course.bench.report import Target
@@ -72,6 +72,8 @@ from llmkit.course.bench.scenarios import (
     PrefixReuse,
     Row,
     Soak,
+    SpecServer,
+    Speculation,
     all_levels,
     api_streaming,
     arrivals,
@@ -79,6 +81,7 @@ from llmkit.course.bench.scenarios import (
     kv_cache,
     prefix_reuse,
     soak,
+    speculation,
 )
 from llmkit.course.bench.servers import OpenAIServer, SequentialServer, Server, server_flags, start_servers, start_small_batch
 
@@ -121,7 +124,8 @@ def measure(cfg: Config) -> Measured:
         if "raw" not in cfg.skip and "levels" not in cfg.skip:
             raw = RawDecoder(cfg)
             stack.callback(raw.close)
-        servers = start_servers(cfg, stack)
+        shared = {"levels", "prefix", *(["apis"] if cfg.api_levels else []), *(["arrivals"] if cfg.arrivals else [])}
+        servers = start_servers(cfg, stack) if shared - cfg.skip else []  # none when every scenario that uses them is skipped
         if "levels" not in cfg.skip:
             m.rows = asyncio.run(all_levels(servers, raw, cfg))
         if cfg.api_levels and "apis" not in cfg.skip:
@@ -134,6 +138,8 @@ def measure(cfg: Config) -> Measured:
         m.kv_cache = kv_cache_runs(cfg)
     if cfg.soak:
         m.soak = soak_run(cfg)
+    if cfg.spec_streams and "speculation" not in cfg.skip:
+        m.speculation = speculation_runs(cfg)
     if cfg.greedy_runs:
         m.greedy = greedy_drift(cfg)
     return m
@@ -164,6 +170,24 @@ def kv_cache_runs(cfg: Config) -> list[KvCache]:
             with launch.serve(kind, "-np", "2", "-c", "4096", "--cache-reuse", str(CACHE_REUSE), *server_flags(cfg)) as p:
                 out.append(asyncio.run(kv_cache(OpenAIServer(kind, p.url), system, history, shortened)))
     return out
+
+
+def speculation_runs(cfg: Config) -> list[Speculation]:
+    """The slot server with each --spec-type (speculation off per request for the answers without), and llama-server
+    without speculation and with each (unless skipped): all started here, side by side, for the whole scenario."""
+    flags = [*server_flags(cfg), "-np", str(max(cfg.spec_streams)), "-c", str(max(cfg.spec_streams) * cfg.ctx_per_slot)]
+    servers: list[SpecServer] = []
+    with contextlib.ExitStack() as stack:
+        if "slots" not in cfg.skip:
+            for mode in SPEC_MODES:
+                url = stack.enter_context(launch.serve("slots", *flags, "--metrics", "--spec-type", mode)).url
+                servers.append(SpecServer("slots", mode, url, url, {"speculative.n_max": 0}))
+        if "llama-server" not in cfg.skip:
+            plain = stack.enter_context(launch.serve("llama-server", *flags)).url
+            for mode in SPEC_MODES:
+                url = stack.enter_context(launch.serve("llama-server", *flags, "--spec-type", mode)).url
+                servers.append(SpecServer("llama-server", mode, url, plain))
+        return asyncio.run(speculation(servers, cfg)) if servers else []
 
 
 def soak_run(cfg: Config) -> Soak:
