@@ -22,6 +22,13 @@ What one run measures (and writes to ``bench-results/``: results.md, results.jso
 - the KV cache beyond one slot (``scenarios.kv_cache``), on the slot server and
   llama-server started with 2 slots and ``--cache-reuse``: a long prefix back from
   the host-RAM prompt cache on another slot, and an edited chat;
+- speculation (``scenarios.speculation``): draft-free speculative decoding, the slot server started
+  once per ``--spec-type`` (``ngram-simple``, ``ngram-mod``) and asked without speculation per request
+  (``"speculative.n_max": 0``), llama-server (speculation per server only) started without it and once
+  per mode; greedy ``/completion`` answers to copy-heavy prompts (continue a copy of a file, rewrite a
+  JSON document, quote a paragraph) and to free text, 1 and 4 clients, with and without back to back in
+  each round: tok/s and the speedup, draft acceptance (``draft_n_accepted / draft_n`` from the
+  timings), and how many speculative answers equal the same server's answer without;
 - with ``--soak N``: N short requests with distinct prefixes to a slot server with
   4 slots of 2048 tokens and ``--cache-ram 64``, its resident memory sampled every
   100 requests (``scenarios.soak``);
@@ -35,7 +42,12 @@ sent to OpenAI-compatible servers as the chat message it renders to, so every
 server evaluates the same tokens. OpenAI-compatible requests use
 ``ignore_eos`` so that every stream generates exactly ``max_tokens`` tokens, and
 ``cache_prompt: false`` in the concurrency levels (no server reuses a previous
-level's prompt; ``--cache-prompt`` turns that off); prefix reuse has its own scenario.
+level's prompt; ``--cache-prompt`` turns that off); prefix reuse has its own scenario. The speculation
+scenario is the exception: native ``/completion`` prompts of its own (``prompts.spec_prompts``), no chat
+template, not streamed, so that each answer's ``timings`` (drafts, acceptances) come back.
+
+Any scenario runs alone by skipping the others, e.g. speculation only:
+``llmkit bench --skip levels apis prefix arrivals kv-cache``.
 
 The package, one role per module:
 
@@ -43,7 +55,7 @@ The package, one role per module:
     prompts    the texts, the translation prompt, long made-up texts of N tokens
     servers    SequentialServer, OpenAIServer: each kind's request and stream; starting them
     raw        RawDecoder: the same work on llama.cpp alone
-    scenarios  what is measured: all_levels, api_streaming, prefix_reuse, arrivals, kv_cache, soak, greedy_drift
+    scenarios  what is measured: all_levels, api_streaming, prefix_reuse, arrivals, kv_cache, speculation, soak, greedy_drift
     report     tables, plot, targets, and the files written
     run() (here) runs them all and writes the results
 """
