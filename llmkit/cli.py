@@ -192,9 +192,22 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
         "--skip",
         nargs="+",
         default=[],
-        choices=["sequential", "slots", "no-budget", "llama-server", "raw", "levels", "apis", "prefix", "arrivals", "kv-cache"],
+        choices=[
+            "sequential",
+            "slots",
+            "no-budget",
+            "llama-server",
+            "raw",
+            "levels",
+            "apis",
+            "prefix",
+            "arrivals",
+            "kv-cache",
+            "speculation",
+        ],
         help="leave out a server or a scenario (no-budget: the slot server with --step-tokens 0; llama-server: built from "
-        "the pinned llama.cpp; levels: the 1-8 stream levels; apis: the same streams through chat, Responses and Messages)",
+        "the pinned llama.cpp; levels: the 1-8 stream levels; apis: the same streams through chat, Responses and Messages; "
+        "speculation: --spec-type ngram-simple and ngram-mod on and off, on both servers)",
     )
     b.add_argument(
         "--arrivals",

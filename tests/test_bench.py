@@ -9,8 +9,9 @@ from pathlib import Path
 
 from llmkit.cli import build_parser
 from llmkit.course import bench, client
+from llmkit.course.bench import scenarios
 from llmkit.course.bench.prompts import QUESTION, REVIEWS
-from llmkit.course.bench.scenarios import ApiStreaming, Arrivals, Measured
+from llmkit.course.bench.scenarios import ApiStreaming, Arrivals, Measured, Speculation
 from llmkit.course.bench.servers import OpenAIServer, through
 
 SERVERS = (bench.RAW, "sequential", "slots", bench.NO_BUDGET, "llama-server")
@@ -33,7 +34,7 @@ def markdown_table(text: str, header_start: str) -> list[list[str]]:
     return rows
 
 
-def test_bench_tiny_run(tmp_path):
+def test_bench_tiny_run(tmp_path, monkeypatch):
     cfg = bench.Config(
         concurrency=(1, 2),
         max_tokens=8,
@@ -51,7 +52,10 @@ def test_bench_tiny_run(tmp_path):
         greedy_tokens=16,
         api_streams=(1, 2),
         api_rounds=2,
+        spec_streams=(1,),
     )
+    # speculation: one short prompt of each kind (its own prompts are a few hundred tokens each, read 16 times each here)
+    monkeypatch.setattr(scenarios, "spec_prompts", lambda: {"copy": ["one two three, one two three, one two"], "free": ["Once upon a"]})
     results = bench.run(cfg)
 
     assert {(r.server, r.concurrency) for r in results.rows} == {(s, c) for s in SERVERS for c in (1, 2)}
@@ -132,12 +136,26 @@ def test_bench_tiny_run(tmp_path):
     assert greedy.alone_twice_identical and greedy.alone_twice_differed == 0  # the same batch shapes: the same answers
     assert [row[2] for row in targets if row[0].startswith("greedy answers alone vs batched")] == ["info"]
 
+    # speculation: both servers, both modes, on and off back to back in each round; every answer to the budget
+    spec = markdown_table(saved, "| server | --spec-type")
+    expected_spec = [(s, m, k) for s in ("slots", "llama-server") for m in ("ngram-simple", "ngram-mod") for k in ("copy", "free")]
+    assert [(row[0], row[1], row[2]) for row in spec[1:]] == expected_spec
+    for r in results.speculation:
+        assert r.rounds == 2 and r.streams == 1 and r.tokens == 8 and r.answers == 2, r
+        assert r.tokens_per_s > 0 and r.plain_tokens_per_s > 0 and r.speedup_low <= r.speedup <= r.speedup_high
+        assert 0 <= r.same_answers <= r.answers and 0 <= r.draft_n_accepted <= r.draft_n
+        assert (r.python_share is not None) == (r.server == "slots")
+    assert any(
+        row[0].startswith("slots speculation speedup on copy-heavy prompts >= 1.0x") and row[2] in ("PASS", "FAIL") for row in targets
+    )
+
     assert results.plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads((tmp_path / "results.json").read_text())
     assert len(data["rows"]) == 10 and len(data["arrivals"]) == 5 and len(data["kv_cache"]) == 2 and data["config"]["max_tokens"] == 8
     assert data["greedy"]["runs"] == 2 and data["config"]["greedy_runs"] == 2
     assert data["greedy"]["reviews"] == [asdict(r) for r in greedy.reviews]
     assert data["apis"] == [asdict(a) for a in results.apis] and data["config"]["api_streams"] == [1, 2]
+    assert data["speculation"] == [asdict(r) for r in results.speculation] and data["config"]["spec_streams"] == [1]
     assert [[t["target"], t["measured"], t["verdict"]] for t in data["targets"]] == targets[1:]  # the same lines as results.md
 
 
@@ -202,6 +220,7 @@ def test_bench_command_line():
             "4",
             "--skip",
             "sequential",
+            "speculation",
             "--soak",
             "1000",
             "--rounds",
@@ -213,7 +232,7 @@ def test_bench_command_line():
     assert args.rounds == 3 and args.greedy_runs == 25
     assert build_parser().parse_args(["bench"]).greedy_runs == 0  # off unless asked (make bench asks for 25)
     assert args.url == ["llama-server=http://127.0.0.1:8081"] and args.concurrency == [1, 4]
-    assert args.skip == ["sequential"] and args.soak == 1000 and args.max_tokens == 128 and args.out == "bench-results"
+    assert args.skip == ["sequential", "speculation"] and args.soak == 1000 and args.max_tokens == 128 and args.out == "bench-results"
 
 
 def test_api_targets_judge_against_chats_own_spread():
@@ -259,3 +278,27 @@ def test_burst_targets_compare_the_budget_with_llama_server_at_both_batch_sizes(
     }
     assert verdicts(small_gap_ms=350)["worst gap between two tokens with the budget <= 1.5x llama-server's at -b 128 -ub 128"] == (
         "1.71x", "FAIL")  # fmt: skip
+
+
+def test_speculation_targets_take_each_servers_best_mode():
+    """Copy-heavy: the slot server's best speedup against llama-server's best at 1 stream, > 1 at 4; free text per mode (no model)."""
+
+    def entry(server: str, mode: str, kind: str, streams: int, speedup: float) -> Speculation:
+        return Speculation(server=server, mode=mode, prompts=kind, streams=streams, rounds=3, tokens=384, plain_tokens_per_s=50.0,
+                           tokens_per_s=50 * speedup, speedup=speedup, speedup_low=speedup, speedup_high=speedup, draft_n=100,
+                           draft_n_accepted=80, same_answers=8, answers=9, python_share=None)  # fmt: skip
+
+    results = [
+        *(entry("slots", m, "copy", 1, x) for m, x in (("ngram-simple", 1.2), ("ngram-mod", 1.5))),
+        *(entry("llama-server", m, "copy", 1, x) for m, x in (("ngram-simple", 1.1), ("ngram-mod", 1.6))),
+        *(entry("slots", m, "copy", 4, x) for m, x in (("ngram-simple", 0.9), ("ngram-mod", 1.05))),
+        *(entry("slots", m, "free", n, x) for n in (1, 4) for m, x in (("ngram-simple", 0.98), ("ngram-mod", 0.96))),
+    ]
+    targets = {t.name: (t.measured, t.verdict) for t in bench.report.judge(Measured(speculation=results), bench.Config(concurrency=(1,)))}
+    assert targets["slots speculation speedup on copy-heavy prompts >= 1.0x llama-server's, best mode of each (1 stream)"] == (
+        "0.94x (ngram-mod 1.50x, llama-server ngram-mod 1.60x)", "FAIL")  # fmt: skip
+    assert targets["slots speculation speedup on copy-heavy prompts > 1.0x, best mode (4 streams)"] == ("1.05x (ngram-mod)", "PASS")
+    assert targets["slots ngram-simple on free text: tok/s >= 0.97x without speculation (4 streams)"][1] == "PASS"
+    assert targets["slots ngram-mod on free text: tok/s >= 0.97x without speculation (1 stream)"][1] == "FAIL"
+    assert targets["slots ngram-mod: answers same as without speculation, draft acceptance"] == (
+        "copy x1: 8/9, 80 %; copy x4: 8/9, 80 %; free x1: 8/9, 80 %; free x4: 8/9, 80 %", "info")  # fmt: skip

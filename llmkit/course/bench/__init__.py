@@ -22,6 +22,13 @@ What one run measures (and writes to ``bench-results/``: results.md, results.jso
 - the KV cache beyond one slot (``scenarios.kv_cache``), on the slot server and
   llama-server started with 2 slots and ``--cache-reuse``: a long prefix back from
   the host-RAM prompt cache on another slot, and an edited chat;
+- speculation (``scenarios.speculation``): draft-free speculative decoding, the slot server started
+  once per ``--spec-type`` (``ngram-simple``, ``ngram-mod``) and asked without speculation per request
+  (``"speculative.n_max": 0``), llama-server (speculation per server only) started without it and once
+  per mode; greedy ``/completion`` answers to copy-heavy prompts (continue a copy of a file, rewrite a
+  JSON document, quote a paragraph) and to free text, 1 and 4 clients, with and without back to back in
+  each round: tok/s and the speedup, draft acceptance (``draft_n_accepted / draft_n`` from the
+  timings), and how many speculative answers equal the same server's answer without;
 - with ``--soak N``: N short requests with distinct prefixes to a slot server with
   4 slots of 2048 tokens and ``--cache-ram 64``, its resident memory sampled every
   100 requests (``scenarios.soak``);
@@ -35,7 +42,12 @@ sent to OpenAI-compatible servers as the chat message it renders to, so every
 server evaluates the same tokens. OpenAI-compatible requests use
 ``ignore_eos`` so that every stream generates exactly ``max_tokens`` tokens, and
 ``cache_prompt: false`` in the concurrency levels (no server reuses a previous
-level's prompt; ``--cache-prompt`` turns that off); prefix reuse has its own scenario.
+level's prompt; ``--cache-prompt`` turns that off); prefix reuse has its own scenario. The speculation
+scenario is the exception: native ``/completion`` prompts of its own (``prompts.spec_prompts``), no chat
+template, not streamed, so that each answer's ``timings`` (drafts, acceptances) come back.
+
+Any scenario runs alone by skipping the others, e.g. speculation only:
+``llmkit bench --skip levels apis prefix arrivals kv-cache``.
 
 The package, one role per module:
 
@@ -43,7 +55,7 @@ The package, one role per module:
     prompts    the texts, the translation prompt, long made-up texts of N tokens
     servers    SequentialServer, OpenAIServer: each kind's request and stream; starting them
     raw        RawDecoder: the same work on llama.cpp alone
-    scenarios  what is measured: all_levels, api_streaming, prefix_reuse, arrivals, kv_cache, soak, greedy_drift
+    scenarios  what is measured: all_levels, api_streaming, prefix_reuse, arrivals, kv_cache, speculation, soak, greedy_drift
     report     tables, plot, targets, and the files written
     run() (here) runs them all and writes the results
 """
@@ -61,7 +73,7 @@ from tqdm import tqdm
 
 from llmkit.course import launch
 from llmkit.course.bench import report
-from llmkit.course.bench.config import CACHE_REUSE, NO_BUDGET, RAW, SMALL_BATCH, SOAK_CACHE_RAM_MIB, BenchError, Config
+from llmkit.course.bench.config import CACHE_REUSE, NO_BUDGET, RAW, SMALL_BATCH, SOAK_CACHE_RAM_MIB, SPEC_MODES, BenchError, Config
 from llmkit.course.bench.prompts import LANG, TEXTS, chat_prompt, edited_chat, long_system_prompt, long_text
 from llmkit.course.bench.raw import RawDecoder
 from llmkit.course.bench.report import Target
@@ -72,6 +84,8 @@ from llmkit.course.bench.scenarios import (
     PrefixReuse,
     Row,
     Soak,
+    SpecServer,
+    Speculation,
     all_levels,
     api_streaming,
     arrivals,
@@ -79,6 +93,7 @@ from llmkit.course.bench.scenarios import (
     kv_cache,
     prefix_reuse,
     soak,
+    speculation,
 )
 from llmkit.course.bench.servers import OpenAIServer, SequentialServer, Server, server_flags, start_servers, start_small_batch
 
@@ -121,7 +136,8 @@ def measure(cfg: Config) -> Measured:
         if "raw" not in cfg.skip and "levels" not in cfg.skip:
             raw = RawDecoder(cfg)
             stack.callback(raw.close)
-        servers = start_servers(cfg, stack)
+        shared = {"levels", "prefix", *(["apis"] if cfg.api_levels else []), *(["arrivals"] if cfg.arrivals else [])}
+        servers = start_servers(cfg, stack) if shared - cfg.skip else []  # none when every scenario that uses them is skipped
         if "levels" not in cfg.skip:
             m.rows = asyncio.run(all_levels(servers, raw, cfg))
         if cfg.api_levels and "apis" not in cfg.skip:
@@ -134,6 +150,8 @@ def measure(cfg: Config) -> Measured:
         m.kv_cache = kv_cache_runs(cfg)
     if cfg.soak:
         m.soak = soak_run(cfg)
+    if cfg.spec_streams and "speculation" not in cfg.skip:
+        m.speculation = speculation_runs(cfg)
     if cfg.greedy_runs:
         m.greedy = greedy_drift(cfg)
     return m
@@ -164,6 +182,24 @@ def kv_cache_runs(cfg: Config) -> list[KvCache]:
             with launch.serve(kind, "-np", "2", "-c", "4096", "--cache-reuse", str(CACHE_REUSE), *server_flags(cfg)) as p:
                 out.append(asyncio.run(kv_cache(OpenAIServer(kind, p.url), system, history, shortened)))
     return out
+
+
+def speculation_runs(cfg: Config) -> list[Speculation]:
+    """The slot server with each --spec-type (speculation off per request for the answers without), and llama-server
+    without speculation and with each (unless skipped): all started here, side by side, for the whole scenario."""
+    flags = [*server_flags(cfg), "-np", str(max(cfg.spec_streams)), "-c", str(max(cfg.spec_streams) * cfg.ctx_per_slot)]
+    servers: list[SpecServer] = []
+    with contextlib.ExitStack() as stack:
+        if "slots" not in cfg.skip:
+            for mode in SPEC_MODES:
+                url = stack.enter_context(launch.serve("slots", *flags, "--metrics", "--spec-type", mode)).url
+                servers.append(SpecServer("slots", mode, url, url, {"speculative.n_max": 0}))
+        if "llama-server" not in cfg.skip:
+            plain = stack.enter_context(launch.serve("llama-server", *flags)).url
+            for mode in SPEC_MODES:
+                url = stack.enter_context(launch.serve("llama-server", *flags, "--spec-type", mode)).url
+                servers.append(SpecServer("llama-server", mode, url, plain))
+        return asyncio.run(speculation(servers, cfg)) if servers else []
 
 
 def soak_run(cfg: Config) -> Soak:

@@ -15,6 +15,7 @@ SMALL_BATCH_FLAGS = f"-b {DEFAULT_STEP_TOKENS} -ub {DEFAULT_STEP_TOKENS}"
 SMALL_BATCH = f"llama-server {SMALL_BATCH_FLAGS}"
 CACHE_REUSE = 64  # --cache-reuse of the kv_cache scenario's servers (llama-server's presets use 256)
 SOAK_CACHE_RAM_MIB = 64  # --cache-ram of the soak's server: small, so that 1000 distinct prompts must evict
+SPEC_MODES = ("ngram-simple", "ngram-mod")  # the speculation scenario's --spec-type modes, on both servers
 GREEDY_SLOTS = 4  # the greedy-drift engine's slots (explicit n_parallel: one KV stream each), as chapter 6's server
 
 
@@ -26,14 +27,15 @@ class Config:
     model: str | None = None
     urls: dict[str, str] = field(default_factory=dict)  # name -> base URL of an OpenAI-compatible server
     out: Path = Path("bench-results")
-    # any of: sequential, slots, no-budget, llama-server, raw, prefix, arrivals, kv-cache; apis, levels (the concurrency levels)
+    # any of: sequential, slots, no-budget, llama-server, raw, prefix, arrivals, kv-cache, speculation; apis, levels (the
+    # concurrency levels)
     skip: frozenset[str] = frozenset()
     ctx_per_slot: int = 1024
     prefix_tokens: int = 800
     chat_tokens: int = 1000  # the kv_cache scenario's edited chat
     cache_prompt: bool = False  # let servers reuse cached prompts in the concurrency levels
     soak: int = 0  # requests in the soak test (0: no soak)
-    rounds: int = 1  # runs of each concurrency level per server; the median run is reported
+    rounds: int = 1  # runs of each concurrency level per server (and of each speculation pair); the median run is reported
     arrivals: tuple[int, ...] = (1, 4)  # running streams in the arrivals scenario (empty: skip it)
     arrival_prompts: int = 3  # long prompts arriving at once
     arrival_tokens: int = 350  # tokens of each arriving prompt
@@ -42,6 +44,7 @@ class Config:
     greedy_tokens: int = 64  # greedy drift: max_tokens of each answer (chapter 6's MAX_TOKENS)
     api_streams: tuple[int, ...] = (1, 8)  # API streaming cost: concurrent streams through each chat API (empty: skip it)
     api_rounds: int = 5  # API streaming cost: rounds, each API's ratio to chat taken within a round, the median reported
+    spec_streams: tuple[int, ...] = (1, 4)  # speculation: concurrent clients, each sending every prompt in turn (empty: skip it)
 
     @property
     def api_levels(self) -> tuple[int, ...]:

@@ -109,3 +109,79 @@ def edited_chat(model_path: str | None, n_tokens: int) -> tuple[list[dict], list
                 f"Fact {i}: ship {i} came in from port {i * 7 % 23} with {i * 13 % 97} crates of {['tea', 'salt', 'wool'][i % 3]}."
             )
     return chat(first, facts), chat("My name is Ana.", facts)
+
+
+# --- the speculation scenario's completions (native /completion, no chat template) ------------------------------------
+
+# A small source file, made up and fixed here (a file of the repository would change the bench whenever it changes).
+SPEC_SOURCE = '''"""A small inventory of a harbour shop: items, prices and stock, read from and written to CSV."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Item:
+    name: str
+    price: float
+    stock: int
+
+    def value(self) -> float:
+        """What the items in stock are worth."""
+        return self.price * self.stock
+
+
+def load(path: Path) -> list[Item]:
+    """The items of a CSV file with the columns name, price, stock."""
+    with path.open() as f:
+        return [Item(row["name"], float(row["price"]), int(row["stock"])) for row in csv.DictReader(f)]
+
+
+def save(items: list[Item], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["name", "price", "stock"])
+        for item in items:
+            writer.writerow([item.name, item.price, item.stock])
+
+
+def total(items: list[Item]) -> float:
+    return sum(item.value() for item in items)
+'''
+SPEC_BOOKS = [("Maps of the North Sea", 12, 4), ("Bread and Salt", 8, 10), ("The Old Lighthouse", 15, 2),
+              ("Birds of the Coast", 9, 7), ("Ships in a Storm", 11, 0), ("A Year of Tides", 14, 3),
+              ("The Harbour Cookbook", 20, 5), ("Knots and Sails", 7, 12)]  # fmt: skip
+SPEC_HARBOUR = [
+    "The harbour opens at six. Fishermen bring in the night's catch and sell it on the quay before the town wakes.",
+    "At noon the ferry leaves for the island. It carries the post, a few tourists, and crates of bread for the bakery there.",
+    "In the evening the lighthouse keeper climbs the hundred steps, lights the lamp, and writes the weather in his book.",
+    "On Sundays the market fills the square: cheese, honey, wool, and old maps of the coast that nobody buys.",
+]
+
+
+def spec_prompts() -> dict[str, list[str]]:
+    """The speculation scenario's prompts, by kind. "copy": answers that repeat text the prompt holds (the model,
+    greedy, copies each for a while, then drifts): a source file's copy begun after it, a JSON document to be
+    rewritten, a paragraph quoted from a text. "free": answers that repeat nothing, a story and an essay."""
+    import json
+
+    lines = SPEC_SOURCE.splitlines(keepends=True)
+    source = "".join(lines[:30]) + "\n\n" + "".join(lines[:8])  # the file's first 30 lines, then its copy begun
+    books = {"store": "Harbour Books", "open": True,
+             "items": [{"id": i, "title": t, "price": p, "stock": s} for i, (t, p, s) in enumerate(SPEC_BOOKS, 1)]}  # fmt: skip
+    document = json.dumps(books, indent=2)
+    edit = (
+        document + '\n\nThe same JSON document, with the price of "Bread and Salt" set to 9:\n\n' + "".join(document.splitlines(True)[:4])
+    )
+    quote = ("\n\n".join(SPEC_HARBOUR) + "\n\nQuestion: What does the lighthouse keeper do in the evening? Quote the text.\n"
+             'Answer: "In the evening')  # fmt: skip
+    return {
+        "copy": [source, edit, quote],
+        "free": [
+            "Once upon a time, in a small village by the sea, there lived an old fisherman and his granddaughter.",
+            "Write a short essay about why people enjoy walking in the mountains.\n\n",
+        ],
+    }

@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from llmkit.course.bench.config import CACHE_REUSE, NO_BUDGET, RAW, SMALL_BATCH, SMALL_BATCH_FLAGS, SOAK_CACHE_RAM_MIB, Config
-from llmkit.course.bench.scenarios import ApiStreaming, Arrivals, GreedyDrift, KvCache, Measured, PrefixReuse, Row, Soak
+from llmkit.course.bench.config import CACHE_REUSE, NO_BUDGET, RAW, SMALL_BATCH, SMALL_BATCH_FLAGS, SOAK_CACHE_RAM_MIB, SPEC_MODES, Config
+from llmkit.course.bench.scenarios import ApiStreaming, Arrivals, GreedyDrift, KvCache, Measured, PrefixReuse, Row, Soak, Speculation
 
 Levels = dict[tuple[str, int], Row]  # (server, concurrent streams) -> its row
 
@@ -34,6 +34,10 @@ S = TypeVar("S", bound=OfServer)  # one server's result in a scenario: PrefixReu
 
 def fmt(value: float | None, spec: str = ".0f", suffix: str = "") -> str:
     return "—" if value is None else f"{value:{spec}}{suffix}"
+
+
+def percent(share: float | None, spec: str = ".0f") -> str:
+    return fmt(None if share is None else 100 * share, spec, " %")
 
 
 def table(rows: list[Row]) -> str:
@@ -86,6 +90,18 @@ def kv_cache_table(results: list[KvCache]) -> str:
         share = f"{100 * r.edited_read_share:.0f} %" if r.edited_read_share is not None else "n/a"
         lines.append(f"| {r.server} | {r.cold_ms:.0f} ms | {r.same_slot_ms:.0f} ms | {r.ram_ms:.0f} ms ({r.ram_cached_tokens} cached) | "
                      f"{r.cold_ms / r.ram_ms:.1f}x | {share} of {r.chat_tokens} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def speculation_table(results: list[Speculation]) -> str:
+    head = ["server", "--spec-type", "prompts", "streams", "tok/s without", "tok/s with", "speedup", "range over rounds", "drafted",
+            "accepted", "acceptance", "same answer as without", "Python share of step"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        acceptance, share = percent(r.acceptance), percent(r.python_share, ".1f")
+        lines.append(f"| {r.server} | {r.mode} | {r.prompts} | {r.streams} | {r.plain_tokens_per_s:.1f} | {r.tokens_per_s:.1f} | "
+                     f"{r.speedup:.2f}x | {r.speedup_low:.2f}-{r.speedup_high:.2f} | {r.draft_n} | {r.draft_n_accepted} | {acceptance} | "
+                     f"{r.same_answers} of {r.answers} | {share} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -196,6 +212,7 @@ def judge(m: Measured, cfg: Config) -> list[Target]:
         budget_target(at, n),
         *(t for k in cfg.arrivals for t in burst_targets(m.arrivals, k)),
         *greedy_info(m.greedy),
+        *speculation_targets(m.speculation, cfg),
         *production_info(at, n),
     ]
 
@@ -423,6 +440,61 @@ def greedy_info(g: GreedyDrift | None) -> list[Target]:
     return [info(name, f"{g.runs_with_difference} of {g.runs} batched runs changed at least one answer; alone twice: {greedy_control(g)}")]
 
 
+# Speculation where answers repeat their prompt: the slot server's speedup (its best --spec-type) at least llama-server's
+# (its best ngram mode) at 1 stream, each against the same server without speculation, on the same prompts ...
+SPEC_OVER_LLAMA_SERVER = 1.0
+# ... and a gain at more streams, where a step's batch holds every stream's drafts (the step costs more, and fewer
+# steps are saved) ...
+SPEC_GAIN = 1.0
+# ... while on free text (few drafts, mostly cut) every mode costs at most 3 % of the tok/s without speculation.
+SPEC_FREE_TEXT = 0.97
+
+
+def speculation_targets(results: Sequence[Speculation], cfg: Config) -> list[Target]:
+    """Copy-heavy prompts: the slot server's best speedup against llama-server's best at the first level, above 1 at the
+    others; free text: each mode of the slot server against no speculation; same answers and acceptance for information."""
+    if not cfg.spec_streams or "speculation" in cfg.skip:
+        return []
+    at = {(r.server, r.mode, r.prompts, r.streams): r for r in results}
+
+    def best(server: str, kind: str, n: int) -> Speculation | None:
+        mine = [r for r in results if (r.server, r.prompts, r.streams) == (server, kind, n)]
+        return max(mine, key=lambda r: r.speedup, default=None)
+
+    def streams(n: int) -> str:
+        return f"{n} stream{'s' * (n > 1)}"
+
+    first, *others = cfg.spec_streams
+    name = (
+        f"slots speculation speedup on copy-heavy prompts >= {SPEC_OVER_LLAMA_SERVER}x llama-server's, best mode of each ({streams(first)})"
+    )
+    ours, real = best("slots", "copy", first), best("llama-server", "copy", first)
+    if ours and real:
+        ratio = ours.speedup / real.speedup
+        shown = f"{ratio:.2f}x ({ours.mode} {ours.speedup:.2f}x, llama-server {real.mode} {real.speedup:.2f}x)"
+        out = [Target(name, shown, ratio >= SPEC_OVER_LLAMA_SERVER)]
+    else:
+        out = [unmeasured(name)]
+    for n in others:
+        name = f"slots speculation speedup on copy-heavy prompts > {SPEC_GAIN}x, best mode ({streams(n)})"
+        ours = best("slots", "copy", n)
+        out.append(Target(name, f"{ours.speedup:.2f}x ({ours.mode})", ours.speedup > SPEC_GAIN) if ours else unmeasured(name))
+    for n in cfg.spec_streams:
+        for mode in SPEC_MODES:
+            name = f"slots {mode} on free text: tok/s >= {SPEC_FREE_TEXT}x without speculation ({streams(n)})"
+            if (free := at.get(("slots", mode, "free", n))) is None:
+                out.append(unmeasured(name))
+                continue
+            shown = f"{free.speedup:.3f}x (rounds {free.speedup_low:.2f}-{free.speedup_high:.2f})"
+            out.append(Target(name, shown, free.speedup >= SPEC_FREE_TEXT))
+    for server in ("slots", "llama-server"):
+        for mode in SPEC_MODES:
+            if mine := [r for r in results if (r.server, r.mode) == (server, mode)]:
+                shown = "; ".join(f"{r.prompts} x{r.streams}: {r.same_answers}/{r.answers}, {percent(r.acceptance)}" for r in mine)
+                out.append(info(f"{server} {mode}: answers same as without speculation, draft acceptance", shown))
+    return out
+
+
 def production_info(at: Levels, n: int) -> list[Target]:
     """For information: the slot server against the production server(s) on the same prompts, at the top level."""
     slots = at.get(("slots", n))
@@ -460,6 +532,8 @@ def markdown(m: Measured, targets: list[Target], cfg: Config) -> str:
         parts.append(f"## Soak (memory, --cache-ram {SOAK_CACHE_RAM_MIB})\n\n" + soak_table(m.soak))
     if m.greedy:
         parts.append(greedy_section(m.greedy))
+    if m.speculation:
+        parts.append(speculation_section(m.speculation, cfg))
     parts.append("## Targets\n\n" + targets_table(targets))
     return "\n\n".join(parts) + "\n"
 
@@ -473,6 +547,20 @@ def apis_section(apis: list[ApiStreaming], cfg: Config) -> str:
         "rounds against their median: what the machine alone moves). Server CPU: the server process's CPU time per generated "
         f"token. Target: on the slot server, >= {API_RATIO}x chat; a ratio below that fails only if it is also below chat's "
         "own lowest round (else this run cannot tell, and says so).\n\n" + apis_table(apis)
+    )
+
+
+def speculation_section(results: list[Speculation], cfg: Config) -> str:
+    return (
+        f"## Speculative decoding without a draft model ({cfg.max_tokens} tokens per answer, median of {cfg.rounds} "
+        f"round{'s' * (cfg.rounds > 1)})\n\n"
+        "Native /completion, greedy, ignore_eos, no cached prompt; at n streams, n clients each send every prompt of the kind "
+        "in turn. Copy: a source file's copy begun after it, a JSON document to rewrite, a paragraph to quote; free: a story, "
+        "an essay. The slot server is started once per --spec-type and answers without speculation when a request says "
+        '"speculative.n_max": 0; llama-server (speculation per server only) is started without it and once per mode. '
+        "Speedup: tok/s with / without, measured back to back in each round, the median of the rounds. Same answer: the "
+        "speculative answers equal to the same server's without speculation (same prompt, level and round; batch numerics "
+        "can tip a greedy choice).\n\n" + speculation_table(results)
     )
 
 

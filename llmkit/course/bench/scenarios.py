@@ -7,6 +7,7 @@
     kv_cache      a long prefix back from the host-RAM prompt cache on another slot; an edited chat with cache reuse
     soak          many short requests, the server's resident memory sampled as they go
     greedy_drift  in-process, no server: do greedy answers alone and batched (one KV stream per slot) agree?
+    speculation   draft-free speculative decoding on and off, on prompts whose answers repeat them and on free text
 
 Each scenario returns its numbers in a dataclass named after it (``prefix_reuse``
 -> ``PrefixReuse``, ``all_levels`` -> ``Row``), one per server (and level), and
@@ -31,8 +32,8 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 from tqdm import tqdm
 
-from llmkit.course.bench.config import GREEDY_SLOTS, RAW, Config
-from llmkit.course.bench.prompts import QUESTION, REVIEWS, TEXTS
+from llmkit.course.bench.config import GREEDY_SLOTS, RAW, BenchError, Config
+from llmkit.course.bench.prompts import QUESTION, REVIEWS, TEXTS, spec_prompts
 from llmkit.course.bench.servers import APIS, OpenAIServer, Server, http_client, through
 from llmkit.course.client import StreamResult
 
@@ -117,10 +118,17 @@ def add_step_metrics(row: Row, before: dict, after: dict) -> None:
     if busy1 is not None and n1 > n0:
         # the gauge is an average since start (ours and llama-server's): difference the sums
         row.busy_slots_per_decode = (busy1 * n1 - (busy0 or 0) * n0) / (n1 - n0)
-    if P + "decode_seconds_total" in after and P + "step_seconds_total" in after:  # llmkit's own metrics
-        decode = after[P + "decode_seconds_total"] - before.get(P + "decode_seconds_total", 0)
-        step = after[P + "step_seconds_total"] - before.get(P + "step_seconds_total", 0)
-        row.python_share = 1 - decode / step if step > 0 else None
+    row.python_share = python_share(before, after)
+
+
+def python_share(before: dict, after: dict) -> float | None:
+    """Python's share of the slot server's step time between two /metrics scrapes (None: not llmkit's metrics, no step)."""
+    P = "llamacpp:"
+    if P + "decode_seconds_total" not in after or P + "step_seconds_total" not in after:
+        return None
+    decode = after[P + "decode_seconds_total"] - before.get(P + "decode_seconds_total", 0)
+    step = after[P + "step_seconds_total"] - before.get(P + "step_seconds_total", 0)
+    return 1 - decode / step if step > 0 else None
 
 
 async def all_levels(servers: list[Server], raw: RawDecoder | None, cfg: Config) -> list[Row]:
@@ -578,6 +586,148 @@ def review_drift(review: str, alone: str, batched: list[str]) -> ReviewDrift:
     )
 
 
+# --- speculation: draft-free speculative decoding, with and without, on the same server ---------------------------
+
+
+@dataclass(frozen=True)
+class SpecServer:
+    """One speculative mode of one server, and where the same server answers without speculation."""
+
+    server: str  # "slots" or "llama-server"
+    mode: str  # its --spec-type
+    url: str
+    plain_url: str  # the slot server: the same (speculation off per request); llama-server: one started without it
+    plain_fields: dict = field(default_factory=dict)  # added to a request without speculation ({"speculative.n_max": 0} here)
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """One server and mode, one kind of prompt, one level: tok/s with and without speculation (the median rounds),
+    the speedup (the median of the rounds' ratios, each with and without measured back to back), the drafts, and
+    how many speculative answers were the same server's answer without speculation (all rounds)."""
+
+    server: str
+    mode: str
+    prompts: str  # "copy" or "free"
+    streams: int
+    rounds: int
+    tokens: int  # generated in one round, with speculation
+    plain_tokens_per_s: float
+    tokens_per_s: float
+    speedup: float
+    speedup_low: float
+    speedup_high: float
+    draft_n: int  # tokens drafted in all rounds
+    draft_n_accepted: int  # of them, accepted
+    same_answers: int  # speculative answers equal to the answer without speculation, same prompt, level and round
+    answers: int
+    python_share: float | None  # the slot server: Python's share of its step time with speculation (from /metrics)
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.draft_n_accepted / self.draft_n if self.draft_n else None
+
+
+@dataclass
+class Completions:
+    """One run of ``completions``: each answer by (client, prompt), and what its timings said."""
+
+    seconds: float
+    answers: dict[tuple[int, int], str]
+    tokens: int
+    draft_n: int
+    draft_n_accepted: int
+    python_share: float | None
+
+
+async def completions(
+    http: httpx.AsyncClient, server: Server, url: str, prompts: Sequence[str], n: int, extra: dict, cfg: Config
+) -> Completions:
+    """``n`` clients at once, each sending every prompt in turn (client ``i`` from prompt ``i``) to ``url``'s native
+    ``/completion``: greedy, ``max_tokens`` each (``ignore_eos``), no cached prompt, not streamed (so the timings come back)."""
+    before = await server.scrape(http)
+    answers: dict[tuple[int, int], str] = {}
+    timings: list[dict] = []
+
+    async def client(i: int) -> None:
+        for k in rotated(range(len(prompts)), i):
+            body = {"prompt": prompts[k], "n_predict": cfg.max_tokens, "temperature": 0, "ignore_eos": True, "cache_prompt": False}
+            r = await http.post(f"{url}/completion", json=body | extra)
+            if r.status_code != 200:
+                raise BenchError(f"{server.name}: HTTP {r.status_code}: {r.text[:300]}")
+            answers[(i, k)] = r.json()["content"]
+            timings.append(r.json()["timings"])
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client(i) for i in range(n)))
+    seconds = time.perf_counter() - t0
+    after = await server.scrape(http)
+    share = python_share(before, after) if before is not None and after is not None else None
+    return Completions(
+        seconds,
+        answers,
+        sum(t["predicted_n"] for t in timings),
+        sum(t.get("draft_n", 0) for t in timings),
+        sum(t.get("draft_n_accepted", 0) for t in timings),
+        share,
+    )
+
+
+async def speculation(servers: list[SpecServer], cfg: Config) -> list[Speculation]:
+    """Does speculation pay where answers repeat their prompt, and cost nothing where they do not? For each
+    level of ``cfg.spec_streams``, kind of prompt (``prompts.spec_prompts``) and round, every server and mode in
+    turn runs ``completions`` without speculation and with it, back to back (which first alternates each round).
+    One ``Speculation`` per server, mode, kind and level."""
+    kinds = spec_prompts()
+    runs: dict[tuple[int, int, str, int], tuple[Completions, Completions]] = {}  # (server i, level, kind, round) -> (without, with)
+    async with http_client(max(cfg.spec_streams), keepalive=False) as http:
+        for s in servers:  # first-request costs are not measured
+            for url in (s.url, s.plain_url):
+                await http.post(f"{url}/completion", json={"prompt": "Hello", "n_predict": 4, "cache_prompt": False})
+        total = len(servers) * cfg.rounds * 2 * sum(cfg.spec_streams) * sum(map(len, kinds.values()))
+        with tqdm(total=total, desc="speculation", unit="answer") as bar:
+            for n in cfg.spec_streams:
+                for kind, prompts in kinds.items():
+                    for r in range(cfg.rounds):
+                        for i, s in rotated(list(enumerate(servers)), r):
+                            bar.set_postfix_str(f"{s.server} {s.mode} {kind} x{n}")
+                            server = OpenAIServer(s.server, s.url)  # its /metrics
+                            pair = []
+                            for on in (r % 2 == 0, r % 2 != 0):
+                                url, extra = (s.url, {}) if on else (s.plain_url, s.plain_fields)
+                                pair.append((on, await completions(http, server, url, prompts, n, extra, cfg)))
+                                bar.update(n * len(prompts))
+                            runs[(i, n, kind, r)] = (next(c for on, c in pair if not on), next(c for on, c in pair if on))
+    return [speculation_summary(s, [runs[(i, n, kind, r)] for r in range(cfg.rounds)], kind, n)
+            for i, s in enumerate(servers) for kind in kinds for n in cfg.spec_streams]  # fmt: skip
+
+
+def speculation_summary(s: SpecServer, pairs: list[tuple[Completions, Completions]], kind: str, n: int) -> Speculation:
+    """One server, mode, kind and level over its rounds: medians of tok/s and of the speedups, sums of the rest."""
+    plain = [a.tokens / a.seconds for a, _ in pairs]
+    fast = [b.tokens / b.seconds for _, b in pairs]
+    ratios = [f / p for p, f in zip(plain, fast, strict=True)]
+    shares = [b.python_share for _, b in pairs if b.python_share is not None]
+    return Speculation(
+        server=s.server,
+        mode=s.mode,
+        prompts=kind,
+        streams=n,
+        rounds=len(pairs),
+        tokens=pairs[0][1].tokens,
+        plain_tokens_per_s=float(np.median(plain)),
+        tokens_per_s=float(np.median(fast)),
+        speedup=float(np.median(ratios)),
+        speedup_low=min(ratios),
+        speedup_high=max(ratios),
+        draft_n=sum(b.draft_n for _, b in pairs),
+        draft_n_accepted=sum(b.draft_n_accepted for _, b in pairs),
+        same_answers=sum(b.answers[key] == a.answers[key] for a, b in pairs for key in b.answers),
+        answers=sum(len(b.answers) for _, b in pairs),
+        python_share=float(np.median(shares)) if shares else None,
+    )
+
+
 # --- one run's results -----------------------------------------------------------------------
 
 
@@ -592,3 +742,4 @@ class Measured:
     kv_cache: list[KvCache] = field(default_factory=list)
     soak: Soak | None = None
     greedy: GreedyDrift | None = None
+    speculation: list[Speculation] = field(default_factory=list)
