@@ -333,7 +333,8 @@ def bench(args: argparse.Namespace) -> int:
         print("llmkit bench: interrupted", file=sys.stderr)
         return 130
     print(results.markdown)
-    print(f"written: {results.table_path}, {results.plot_path}, {results.table_path.with_name('results.json')}")
+    written = [results.table_path, results.plot_path, results.table_path.with_name("results.json")]
+    print("written:", ", ".join(str(path) for path in written if path is not None))
     return 0
 
 

@@ -149,7 +149,7 @@ def test_bench_tiny_run(tmp_path, monkeypatch):
         row[0].startswith("slots speculation speedup on copy-heavy prompts >= 1.0x") and row[2] in ("PASS", "FAIL") for row in targets
     )
 
-    assert results.plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert results.plot_path is not None and results.plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads((tmp_path / "results.json").read_text())
     assert len(data["rows"]) == 10 and len(data["arrivals"]) == 5 and len(data["kv_cache"]) == 2 and data["config"]["max_tokens"] == 8
     assert data["greedy"]["runs"] == 2 and data["config"]["greedy_runs"] == 2
@@ -302,3 +302,11 @@ def test_speculation_targets_take_each_servers_best_mode():
     assert targets["slots ngram-mod on free text: tok/s >= 0.97x without speculation (1 stream)"][1] == "FAIL"
     assert targets["slots ngram-mod: answers same as without speculation, draft acceptance"] == (
         "copy x1: 8/9, 80 %; copy x4: 8/9, 80 %; free x1: 8/9, 80 %; free x4: 8/9, 80 %", "info")  # fmt: skip
+
+
+def test_a_run_without_the_concurrency_levels_writes_no_plot(tmp_path):
+    everything = frozenset(
+        ["sequential", "slots", "no-budget", "llama-server", "raw", "prefix", "arrivals", "kv-cache", "apis", "levels", "speculation"]
+    )
+    results = bench.run(bench.Config(out=tmp_path, skip=everything, soak=0, greedy_runs=0))
+    assert results.plot_path is None and sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "results.md"]

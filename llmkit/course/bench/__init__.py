@@ -110,7 +110,7 @@ class Results(Measured):
     targets: list[Target]
     markdown: str
     table_path: Path
-    plot_path: Path
+    plot_path: Path | None  # None: no concurrency levels measured, no plot
 
 
 def run(cfg: Config) -> Results:
@@ -118,8 +118,8 @@ def run(cfg: Config) -> Results:
     cfg.out.mkdir(parents=True, exist_ok=True)
     measured = measure(cfg)
     targets = report.judge(measured, cfg)
-    plot_path, table_path = cfg.out / "bench.png", cfg.out / "results.md"
-    if measured.rows:
+    plot_path, table_path = (cfg.out / "bench.png" if measured.rows else None), cfg.out / "results.md"
+    if plot_path is not None:  # the plot is of the concurrency levels: none when they were skipped
         report.plot(measured.rows, plot_path)
     markdown = report.markdown(measured, targets, cfg)
     table_path.write_text(markdown)
