@@ -49,11 +49,15 @@ from pathlib import Path
 import wcwidth
 
 
+def po_files(folder: Path | None = None) -> list[Path]:
+    """The catalogs of ``folder`` (default: the working directory): its ``locale/*.po``."""
+    return sorted(((Path.cwd() if folder is None else folder) / "locale").glob("*.po"))
+
+
 @cache
 def catalog(folder: Path | None = None) -> dict[str, str]:
     """English → translation, from every ``locale/*.po`` in ``folder`` (default: the working directory)."""
-    folder = Path.cwd() if folder is None else folder
-    files = sorted((folder / "locale").glob("*.po"))
+    files = po_files(folder)
     if not files:
         return {}
     import polib  # only a translated folder needs it
@@ -75,8 +79,7 @@ def tr(text: str, /, **values: object) -> str:
 @cache
 def language(folder: Path | None = None) -> str:
     """The language of ``folder``'s catalogs (default: the working directory), from their ``Language`` header; else ``en``."""
-    folder = Path.cwd() if folder is None else folder
-    files = sorted((folder / "locale").glob("*.po"))
+    files = po_files(folder)
     if not files:
         return "en"
     import polib

@@ -61,10 +61,9 @@ class Slot:
         n_past = common_prefix(self.cache_tokens, prompt) if params.cache_prompt else 0
         n_moved = self.reuse_chunks(ctx, prompt, n_past, params.n_cache_reuse) if params.cache_prompt and params.n_cache_reuse else 0
         n_keep = min(n_past + n_moved, len(prompt) - 1)  # evaluate at least one token: we need its logits
-        if not ctx.seq_rm(self.id, n_keep, -1):
+        if not self.truncate(ctx, n_keep):
             n_keep = n_moved = 0  # this memory cannot cut a sequence in the middle: drop it all
-            ctx.seq_rm(self.id, 0, -1)
-        del self.cache_tokens[n_keep:]
+            self.clear_prompt(ctx)
 
         sampler = Sampler(model, params.sampling)  # may raise: the caller fails the request alone
         self.job = Job(request, self, sampler, Detokenizer(model.token_to_piece), StopMatcher(params.stop), n_prompt_done=n_keep)
@@ -112,10 +111,13 @@ class Slot:
         del self.cache_tokens[n_keep : n_keep + n_discard]
         request.truncated = True
 
-    def truncate(self, ctx: Context, n: int) -> None:
-        """Keep the first ``n`` tokens in this slot's KV cache (a rejected draft leaves it)."""
-        ctx.seq_rm(self.id, n, -1)
+    def truncate(self, ctx: Context, n: int) -> bool:
+        """Keep the first ``n`` tokens in this slot's KV cache (a request's new prompt, a rejected draft).
+        False: this memory cannot cut a sequence in the middle, and nothing changed."""
+        if not ctx.seq_rm(self.id, n, -1):
+            return False
         del self.cache_tokens[n:]
+        return True
 
     # --- the prompt cache (server_slot::prompt_save / prompt_load / prompt_clear) ----------
 

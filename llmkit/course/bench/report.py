@@ -45,7 +45,7 @@ def table(rows: list[Row]) -> str:
                "per-stream tok/s", "busy slots/decode", "Python share of step"]  # fmt: skip
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
-        share = fmt(None if r.python_share is None else 100 * r.python_share, ".1f", " %")
+        share = percent(r.python_share, ".1f")
         lines.append(
             f"| {r.server} | {r.concurrency} | {r.tokens} | {r.seconds:.2f} | {r.tokens_per_s:.1f} | {fmt(r.ttft_median_ms)} | "
             f"{fmt(r.ttft_p90_ms)} | {fmt(r.stream_tokens_per_s, '.1f')} | {fmt(r.busy_slots_per_decode, '.2f')} | {share} |"
