@@ -159,12 +159,17 @@ def add_speculative_flags(slots: argparse.ArgumentParser) -> None:
         default = getattr(defaults, name)
         flag = "--spec-" + name.replace("_", "-")
         slots.add_argument(flag, type=int, default=default, metavar="N", help=f"{help_text} (default {default})")
+    slots.add_argument(
+        "--spec-slow-start", type=int, default=defaults.slow_start, metavar="N",
+        help="llmkit's own: a request's first draft is at most N tokens, each next one at most twice what the last one kept "
+        "(default 0: every draft as long as the mode drafts, as llama-server)",
+    )  # fmt: skip
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     speculative = SpecParams(
         args.spec_type, args.spec_ngram_simple_size_n, args.spec_ngram_simple_size_m,
-        args.spec_ngram_mod_n_match, args.spec_ngram_mod_n_min, args.spec_ngram_mod_n_max,
+        args.spec_ngram_mod_n_match, args.spec_ngram_mod_n_min, args.spec_ngram_mod_n_max, args.spec_slow_start,
     )  # fmt: skip
     return EngineConfig(
         n_parallel=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads, kv_unified=args.kv_unified,

@@ -66,6 +66,19 @@ def test_spec_params_are_checked_and_make_their_drafter():
         EngineConfig(speculative=SpecParams("eagle")).resolved()
 
 
+def test_slow_start_doubles_the_window_on_a_whole_draft_and_shrinks_it_to_the_kept_run():
+    fixed, slow = SpecParams("ngram-mod"), SpecParams("ngram-mod", slow_start=4)
+    assert fixed.first_window == 64 and fixed.next_window(0) == 64  # llama-server's: always the mode's longest
+    window, windows = slow.first_window, []
+    for kept_all in (True, True, True, True, True, False):  # whole drafts, then one cut after 3 tokens
+        window = slow.next_window(window if kept_all else 3)
+        windows.append(window)
+    assert windows == [8, 16, 32, 64, 64, 6]
+    assert slow.next_window(0) == 4  # never below slow_start
+    with pytest.raises(ValueError, match="slow_start"):
+        SpecParams("ngram-mod", slow_start=-1).checked()
+
+
 def test_a_draft_rides_behind_its_stream_token_and_asks_for_logits_at_every_position():
     stream, other = generating(0), generating(1)
     stream.job.draft = [8, 9, 10]

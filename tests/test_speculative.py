@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -84,6 +85,20 @@ def test_a_rejected_draft_leaves_no_trace_in_the_kv_cache(model, monkeypatch):
         assert all(seen) and rejected > 0 and r.timings.draft_n > r.timings.draft_n_accepted
 
 
+def test_a_slow_start_drafts_short_first_then_twice_the_run_each_draft_kept(model):
+    config = EngineConfig(n_parallel=1, n_ctx=2048, n_threads=1, speculative=SpecParams("ngram-simple", slow_start=4))
+    with Engine(model, config) as engine:
+        plain = engine.complete(COPY, max_tokens=64, temperature=0, n_draft_max=0)
+        plain.result()
+        engine.steps.clear()
+        fast = engine.complete(COPY, max_tokens=64, temperature=0)
+        assert fast.result() == plain.result()
+    drafts = [(share.n_draft, share.n_accepted) for step in engine.steps for share in step.batch if share.n_draft]
+    assert drafts[0][0] <= 4 and max(n for n, _ in drafts) > 4  # a short first draft, then longer ones
+    for (_, kept), (n_next, _) in itertools.pairwise(drafts):
+        assert n_next <= config.speculative.next_window(kept)
+
+
 def test_two_streams_speculate_in_one_batch(engine):
     engine.steps.clear()
     a = engine.complete(COPY, max_tokens=48, temperature=0, cache_prompt=False)
@@ -94,7 +109,7 @@ def test_two_streams_speculate_in_one_batch(engine):
 
 
 def test_the_server_speculates_per_server_and_per_request_and_reports_it():
-    flags = ("-np", "1", "-c", "2048", "-t", "1", "--temp", "0", "--metrics", "--spec-type", "ngram-simple")
+    flags = ("-np", "1", "-c", "2048", "-t", "1", "--temp", "0", "--metrics", "--spec-type", "ngram-simple", "--spec-slow-start", "8")
     with launch.serve("slots", *flags) as server, httpx.Client(base_url=server.url, timeout=300) as http:
         body = {"prompt": COPY, "n_predict": 32, "cache_prompt": False}
         fast = http.post("/completion", json=body).json()
@@ -102,7 +117,8 @@ def test_the_server_speculates_per_server_and_per_request_and_reports_it():
         assert fast["content"] == plain["content"]
         assert fast["timings"]["draft_n_accepted"] > 0 and "draft_n" not in plain["timings"]
         assert http.get("/slots").json()[0]["speculative"] is True
-        assert http.get("/props").json()["engine"]["speculative"]["type"] == "ngram-simple"
+        props = http.get("/props").json()["engine"]["speculative"]
+        assert (props["type"], props["slow_start"]) == ("ngram-simple", 8)
         metrics = {s.name: s.value for f in text_string_to_metric_families(http.get("/metrics").text) for s in f.samples}
         assert metrics["llamacpp:spec_decode_num_accepted_tokens_total"] == fast["timings"]["draft_n_accepted"]
         assert_error(http.post("/completion", json=body | {"speculative.n_max": -1}), 400, "invalid_request_error", "speculative.n_max")

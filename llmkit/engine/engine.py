@@ -263,7 +263,7 @@ class Engine:
     def propose_drafts(self) -> None:
         """Each stream guesses the tokens after the one it sampled; ``build_batch`` puts the guess behind it
         (llama-server: the drafting in update_slots, ``common_speculative_draft``). A draft stays within
-        the slot's context, the request's ``max_tokens`` and its share of the batch."""
+        the slot's context, the request's ``max_tokens``, its share of the batch and its draft window (``--spec-slow-start``)."""
         if self.drafter is None:
             return
         streams = [slot.job for slot in self.slots if slot.job is not None and slot.job.is_generating]
@@ -271,7 +271,7 @@ class Engine:
         for job in streams:
             slot, params = job.slot, job.request.params
             wanted = self.config.speculative.n_max if params.n_draft_max is None else params.n_draft_max
-            n_max = min(wanted, share, slot.n_ctx - slot.n_past - 2)
+            n_max = min(wanted, job.draft_window, share, slot.n_ctx - slot.n_past - 2)
             if params.max_tokens > 0:
                 n_max = min(n_max, params.max_tokens - len(job.request.output) - 1)
             job.draft = self.drafter.draft(slot.id, slot.cache_tokens, job.last_token, n_max) if n_max > 0 else []
@@ -369,6 +369,7 @@ class Engine:
         timings.draft_n += len(chunk.draft)
         timings.draft_n_accepted += n_accepted
         self.counters.record_draft(len(chunk.draft), n_accepted)
+        job.draft_window = self.config.speculative.next_window(n_accepted)
         if self.drafter is not None:
             self.drafter.accept(job.slot.id, len(chunk.draft), n_accepted)
 
@@ -379,6 +380,7 @@ class Engine:
             request.first_token()
             if self.drafter is not None:
                 self.drafter.begin(job.slot.id, job.slot.cache_tokens)
+                job.draft_window = self.config.speculative.first_window
         if request.params.max_tokens == 0:  # prompt only (llama-server's n_predict = 0)
             self.finish(job, End.LIMIT)
         elif self.model.is_eog(token):

@@ -28,6 +28,7 @@ class Job:
     n_prompt_done: int  # prompt tokens in the KV cache (after a step commits them)
     last_token: int = -1  # sampled, not yet decoded
     draft: list[int] = field(default_factory=list)  # guessed to follow last_token, for this step to verify (speculation)
+    draft_window: int = 0  # the longest draft it may propose next (SpecParams.next_window)
     pending_tokens: list[int] = field(default_factory=list)  # sampled, text still held back (half a character, maybe a stop string)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
 

@@ -73,7 +73,18 @@ from tqdm import tqdm
 
 from llmkit.course import launch
 from llmkit.course.bench import report
-from llmkit.course.bench.config import CACHE_REUSE, NO_BUDGET, RAW, SMALL_BATCH, SOAK_CACHE_RAM_MIB, SPEC_MODES, BenchError, Config
+from llmkit.course.bench.config import (
+    CACHE_REUSE,
+    NO_BUDGET,
+    RAW,
+    SMALL_BATCH,
+    SOAK_CACHE_RAM_MIB,
+    SPEC_MODES,
+    SPEC_SLOW_START,
+    BenchError,
+    Config,
+    spec_mode,
+)
 from llmkit.course.bench.prompts import LANG, TEXTS, chat_prompt, edited_chat, long_system_prompt, long_text
 from llmkit.course.bench.raw import RawDecoder
 from llmkit.course.bench.report import Target
@@ -185,15 +196,18 @@ def kv_cache_runs(cfg: Config) -> list[KvCache]:
 
 
 def speculation_runs(cfg: Config) -> list[Speculation]:
-    """The slot server with each --spec-type (speculation off per request for the answers without), and llama-server
-    without speculation and with each (unless skipped): all started here, side by side, for the whole scenario."""
+    """The slot server with each --spec-type, without and with a slow start (speculation off per request for the
+    answers without), and llama-server without speculation and with each (unless skipped): all started here, side by
+    side, for the whole scenario."""
     flags = [*server_flags(cfg), "-np", str(max(cfg.spec_streams)), "-c", str(max(cfg.spec_streams) * cfg.ctx_per_slot)]
     servers: list[SpecServer] = []
     with contextlib.ExitStack() as stack:
         if "slots" not in cfg.skip:
             for mode in SPEC_MODES:
-                url = stack.enter_context(launch.serve("slots", *flags, "--metrics", "--spec-type", mode)).url
-                servers.append(SpecServer("slots", mode, url, url, {"speculative.n_max": 0}))
+                for slow_start in (0, SPEC_SLOW_START):
+                    settings = ("--spec-type", mode, "--spec-slow-start", str(slow_start))
+                    url = stack.enter_context(launch.serve("slots", *flags, "--metrics", *settings)).url
+                    servers.append(SpecServer("slots", spec_mode(mode, slow_start), url, url, {"speculative.n_max": 0}))
         if "llama-server" not in cfg.skip:
             plain = stack.enter_context(launch.serve("llama-server", *flags)).url
             for mode in SPEC_MODES:

@@ -16,6 +16,14 @@ SMALL_BATCH = f"llama-server {SMALL_BATCH_FLAGS}"
 CACHE_REUSE = 64  # --cache-reuse of the kv_cache scenario's servers (llama-server's presets use 256)
 SOAK_CACHE_RAM_MIB = 64  # --cache-ram of the soak's server: small, so that 1000 distinct prompts must evict
 SPEC_MODES = ("ngram-simple", "ngram-mod")  # the speculation scenario's --spec-type modes, on both servers
+SPEC_SLOW_START = 4  # the slot server's --spec-slow-start in the speculation scenario, beside 0 (llama-server's way)
+
+
+def spec_mode(spec_type: str, slow_start: int = 0) -> str:
+    """The speculation scenario's name of a server's settings: "ngram-mod", "ngram-mod, slow start 4"."""
+    return f"{spec_type}, slow start {slow_start}" if slow_start else spec_type
+
+
 GREEDY_SLOTS = 4  # the greedy-drift engine's slots (explicit n_parallel: one KV stream each), as chapter 6's server
 
 
