@@ -8,9 +8,10 @@ rewritten), the tokens after the last few are easy to guess: find where those la
 before and propose what followed them. The engine puts the guess (the *draft*) in the step's batch
 behind the token the slot sampled last, asking for logits at every position; after the decode, the job
 samples position by position and keeps each draft token that equals what it sampled
-(``Engine.verify``). The first token that differs is the step's own new token, and the draft after it
-leaves the KV cache. One decode then yields ``1 + n_accepted`` tokens, and a decode of a few dozen
-tokens costs little more than a decode of one on a small model.
+(``Engine.sample``). The first token that differs is the step's own new token, and the draft after it
+leaves the KV cache. One decode then yields ``1 + n_accepted`` tokens. A decode of a few dozen tokens
+costs less per token than a decode of one, but on a CPU not much less: a long draft pays only if much of it
+is kept (``SpecParams.next_window``).
 
 The tokens are those the model would sample one step at a time: the same sampler sees the same
 logits, in order. Only the numerics move: a batch of 40 tokens is not computed exactly like 40 batches
