@@ -60,8 +60,8 @@ class SpecParams:
 
     @property
     def first_window(self) -> int:
-        """The longest first draft of a request."""
-        return self.slow_start or self.n_max
+        """The longest first draft of a request: as after a draft that kept nothing."""
+        return self.next_window(0)
 
     def next_window(self, n_accepted: int) -> int:
         """The longest next draft of a request whose last draft kept ``n_accepted`` tokens.
