@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import time
 import weakref
 
 import pytest
 
-from llmkit.engine import ContextSizeError, End, Engine, EngineConfig, EngineError, RequestParams
+from llmkit.engine import ContextSizeError, End, Engine, EngineConfig, EngineError, LlamaServerPolicy, PriorityPolicy, RequestParams, Status
 from llmkit.engine.prompt_cache import PromptCache
 from llmkit.engine.request import Piece, Request
 from llmkit.llama import DecodeError, Sampler
@@ -369,3 +370,74 @@ def test_a_prompt_cache_that_raises_fails_the_request_it_concerns_and_the_loop_g
         wait_until(lambda: third.done, timeout=30)  # (the old engine's thread had died saving the idle slot: this waited forever)
         assert third.error is None and third.outcome is not None and third.outcome.output
     assert "no memory for the copy" in caplog.text
+
+
+# --- the published status, and priority with preemption -------------------------------------------------------
+
+
+class PausedOnce(LlamaServerPolicy):
+    """llama-server's policy, but its first ``prompt_order`` call (inside a step, after admission) waits for ``go``."""
+
+    def __init__(self) -> None:
+        self.inside, self.go = threading.Event(), threading.Event()
+
+    def prompt_order(self, reading):
+        if not self.inside.is_set():
+            self.inside.set()
+            self.go.wait(30)
+        return super().prompt_order(reading)
+
+
+def test_a_status_read_from_another_thread_is_the_state_at_the_end_of_a_step(model):
+    policy = PausedOnce()
+    with Engine(model, EngineConfig(n_parallel=2, n_ctx=1024, n_threads=1, policy=policy)) as engine:
+        r = engine.complete("The harbour opens at six and the first boats leave before sunrise.", max_tokens=4, temperature=0)
+        assert policy.inside.wait(30)  # the engine's thread is in the middle of a step: admitted, not yet decoded
+        seen: list = []
+        reader = threading.Thread(target=lambda: seen.append(engine.status()))
+        reader.start()
+        reader.join(0.3)
+        assert not seen, "a reader got the engine's state in the middle of a step"
+        policy.go.set()
+        reader.join(30)
+        (status,) = seen
+        job = status.slots[r.id_slot].job
+        assert job is not None and job.status == "generating" and job.n_prompt_tokens_processed == len(r.prompt)
+        assert status.step >= 1 and status.slots[r.id_slot].n_cached == len(r.prompt)  # the step's prompt, all in the KV cache
+        r.result()
+
+
+STORY = "Once upon a time, in a village by the sea, there lived an old fisherman who"
+
+
+def preempted_run(model, cache_ram_mib: int) -> tuple[str, str, Engine]:
+    """A low-priority story preempted after 10 tokens by a high-priority question, on one slot; both texts."""
+    config = EngineConfig(n_parallel=1, n_ctx=1024, n_threads=1, cache_ram_mib=cache_ram_mib, policy=PriorityPolicy())
+    engine = Engine(model, config, start=False)
+    low = engine.complete(STORY, max_tokens=40, temperature=0, ignore_eos=True, priority=5)
+    while low.id_slot is None or len(low.text_parts) < 10:
+        engine.step()
+    high = engine.chat(chat("What is the capital of France?"), max_tokens=12, temperature=0, priority=0)
+    engine.step()  # the question takes the slot: the story waits, its KV cache in RAM (if the cache takes it)
+    assert (low.status, low.id_slot, high.id_slot) == (Status.WAITING, None, 0)
+    assert [w.id for w in engine.status().waiting] == [low.id] and engine.counters.requests_preempted_total == 1
+    n_sent = len(low.text_parts)
+    while not high.done:
+        engine.step()
+        assert len(low.text_parts) == n_sent  # the story's stream is paused, not broken
+    while not low.done:
+        engine.step()
+    assert low.error is None and low.outcome is not None and low.outcome.n_output == 40 and low.id_slot == 0  # the slot, taken again
+    return low.result(), high.result(), engine
+
+
+@pytest.mark.parametrize("cache_ram_mib", [8192, 0], ids=["kv-kept-in-ram", "kv-recomputed"])
+def test_a_preempted_request_goes_on_with_the_same_greedy_text(model, cache_ram_mib):
+    with Engine(model, EngineConfig(n_parallel=1, n_ctx=1024, n_threads=1), start=False) as alone:
+        never_stopped = alone.complete(STORY, max_tokens=40, temperature=0, ignore_eos=True)
+        while not never_stopped.done:
+            alone.step()
+    text, answer, engine = preempted_run(model, cache_ram_mib)
+    with engine:
+        assert text == never_stopped.result() and answer  # the question was answered meanwhile
+        assert engine.slots[0].n_restored == (1 if cache_ram_mib else 0)  # from the prompt cache, or read again

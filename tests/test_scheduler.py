@@ -5,8 +5,18 @@ The same mechanisms run on the real model in test_engine.py and test_caching.py.
 from __future__ import annotations
 
 from llmkit.engine.prompt_cache import MIB, PromptCache
-from llmkit.engine.request import RequestParams
-from llmkit.engine.scheduler import Chunk, build_batch, choose_slot, swaps_prompt
+from llmkit.engine.request import Request, RequestParams
+from llmkit.engine.scheduler import (
+    Chunk,
+    FairShare,
+    LlamaServerPolicy,
+    PriorityPolicy,
+    ShortestPromptFirst,
+    admission,
+    build_batch,
+    choose_slot,
+    swaps_prompt,
+)
 from llmkit.engine.slot import Slot, common_prefix
 
 from helpers import busy, generating, reading, running
@@ -158,3 +168,57 @@ def test_load_takes_an_entry_only_if_it_serves_the_prompt_better_and_keeps_a_qua
     assert restored == PROMPT[:60] + [7] * 40 and cache.hits == 1 and len(ctx.seqs[0]) == 20
     assert len(cache.entries) == 1  # the entry moved into the slot
     assert cache.load(ctx, 1, [], PROMPT) is None  # an empty slot takes any entry that keeps a quarter: none left
+
+
+# --- the scheduling policies: admission order, slot choice, preemption, prompt order -------------------------
+
+
+def queue(*prompts: int, **params) -> list[Request]:
+    """Waiting requests, in arrival order, with prompts of the given lengths."""
+    return [Request(list(range(200, 200 + n)), RequestParams(**params)) for n in prompts]
+
+
+def admit_all(waiting: list[Request], slots: list[Slot], policy) -> list[tuple[int, int]]:
+    """What the engine's admit loop does with the policy, without a model: (request index, slot) in order."""
+    order, waiting = [], list(waiting)
+    index = {r.id: i for i, r in enumerate(waiting)}
+    while (found := admission(waiting, slots, policy, lambda r: r.prompt)) is not None:
+        waiting.remove(found.request)
+        busy(found.slot, found.request.prompt, priority=found.request.params.priority, tenant=found.request.params.tenant)
+        order.append((index[found.request.id], found.slot.id))
+    return order
+
+
+def test_llama_servers_policy_is_first_come_first_served_and_a_busy_named_slot_waits_alone():
+    slots = [idle(0, []), idle(1, [])]
+    waiting = queue(5, 50, 3)
+    assert admit_all(waiting, slots, LlamaServerPolicy()) == [(0, 0), (1, 1)]  # the third waits for a slot
+    slots = [busy(idle(0, []), [1]), idle(1, [])]
+    named = queue(5, id_slot=0) + queue(7)  # the first wants slot 0, which is busy: the second goes on
+    assert admit_all(named, slots, LlamaServerPolicy()) == [(1, 1)]
+
+
+def test_shortest_prompt_first_admits_and_reads_the_shortest_first():
+    assert admit_all(queue(50, 5, 20), [idle(0, []), idle(1, [])], ShortestPromptFirst()) == [(1, 0), (2, 1)]
+    long, short = reading(0, 300), reading(1, 10)
+    plan = build_batch(running(generating(2), long, short), CAPACITY, budget=64, prompt_order=ShortestPromptFirst().prompt_order)
+    assert [(c.slot.id, len(c.tokens)) for c in plan] == [(2, 1), (1, 10), (0, 53)]
+
+
+def test_fair_share_admits_the_tenant_holding_the_fewest_slots_first():
+    def slots() -> list[Slot]:
+        return [busy(idle(0, []), [1], tenant="a"), idle(1, []), idle(2, [])]
+
+    waiting = queue(5, 5, tenant="a") + queue(5, tenant="b") + queue(5, tenant="c")
+    # a holds a slot already: b and c go first, though a's two came earlier; llama-server's order serves a's burst
+    assert admit_all(waiting, slots(), FairShare()) == [(2, 1), (3, 2)]
+    assert admit_all(waiting, slots(), LlamaServerPolicy()) == [(0, 1), (1, 2)]
+
+
+def test_priority_goes_first_and_takes_the_slot_of_the_latest_lowest_priority_job():
+    slots = [busy(idle(0, []), [1], priority=5), busy(idle(1, []), [1], priority=5), busy(idle(2, []), [1], priority=1)]
+    assert PriorityPolicy().order(queue(5, priority=3) + queue(5, priority=0), slots)[0].params.priority == 0
+    (found,) = [admission(queue(5, priority=0), slots, PriorityPolicy(), lambda r: r.prompt)]
+    assert found is not None and found.preempt and found.slot is slots[1]  # priority 5, and started after slot 0's
+    assert admission(queue(5, priority=5), slots, PriorityPolicy(), lambda r: r.prompt) is None  # none lower: it waits
+    assert admission(queue(5, priority=0), slots, LlamaServerPolicy(), lambda r: r.prompt) is None  # llama-server never preempts

@@ -104,6 +104,9 @@ class Job:
 
     def outcome(self, end: End, id_slot: int | None, tokens_cached: int) -> Outcome:
         """How it ended, once: the request's ``Outcome`` (on slot ``id_slot``, holding ``tokens_cached`` tokens)."""
+        now = time.perf_counter()
         word = self.stops.word if end is End.WORD else ""
-        n_prompt = len(self.request.prompt)
-        return Outcome(end, tuple(self.output), n_prompt, self.n_cached, self.timings(), word, self.truncated, id_slot, tokens_cached)
+        return Outcome(
+            end, tuple(self.output), len(self.request.prompt), self.n_cached, self.timings(now), word, self.truncated,
+            id_slot, tokens_cached, self.t_start, self.t_first, now,
+        )  # fmt: skip

@@ -24,6 +24,7 @@ import asyncio
 import enum
 import itertools
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass, field, fields
@@ -63,6 +64,9 @@ class Outcome:
     truncated: bool = False  # it filled its slot's context (and went on past it by a context shift, or ended)
     id_slot: int | None = None  # the slot it ended on (None: it never had one)
     tokens_cached: int = 0  # tokens in that slot's KV cache when it ended (llama-server: tokens_cached)
+    t_start: float = 0.0  # time.perf_counter() when it got a slot (0: never) ...
+    t_first: float = 0.0  # ... its first token (0: none) ...
+    t_end: float = 0.0  # ... and when it left its slot: where the request sits on a timeline (Request.t_submit)
 
     @property
     def n_output(self) -> int:
@@ -143,6 +147,7 @@ class Request:
         self.id = next(_ids)
         self.prompt = prompt
         self.params = params or RequestParams()
+        self.t_submit = time.perf_counter()
 
         self.status = Status.WAITING
         self.id_slot: int | None = None  # the slot it runs on (llama-server: slot.id; None while it waits)

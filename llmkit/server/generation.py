@@ -14,6 +14,7 @@ content and tool calls (``tools``), then answer whole or stream.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -123,6 +124,8 @@ async def submit(
     engine = state.engine
     # the constraint's conversion and check are CPU work: off the event loop; bad ones are a 400 here
     params = await off_loop(request_params, body, state.settings.request_defaults(), engine.model, calling)
+    if tenant := http_request.headers.get("x-tenant"):  # who the request is for (--scheduling-policy fair-share)
+        params = dataclasses.replace(params, tenant=tenant)
     try:
         request = engine.submit(prompt, params)
     except ContextSizeError as exc:
