@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 from llmkit import models
 from llmkit.engine.config import DEFAULT_STEP_TOKENS, EngineConfig
+from llmkit.engine.scheduler import POLICIES, LlamaServerPolicy
 from llmkit.engine.speculative import SPEC_TYPES, SpecParams
 
 LOG_FORMAT = "%(asctime)s %(levelname).1s %(name)s: %(message)s"
@@ -115,6 +116,14 @@ def add_engine_flags(slots: argparse.ArgumentParser) -> None:
         help=f"token budget of one engine step: running streams first, then prompt chunks, so a burst of "
         f"long prompts does not stall them (default {DEFAULT_STEP_TOKENS}; 0: up to -b, as llama-server)",
     )
+    slots.add_argument(
+        "--scheduling-policy",
+        choices=POLICIES,
+        default=LlamaServerPolicy.name,
+        help="llmkit's own: who goes first and which slot a request gets: llama-server's rules (default), "
+        "shortest-prompt, fair-share (among X-Tenant headers), priority (the request's priority field, lower first; "
+        "a request may preempt a running one of a lower priority)",
+    )
 
 
 def add_kv_cache_flags(slots: argparse.ArgumentParser) -> None:
@@ -175,6 +184,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         n_parallel=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads, kv_unified=args.kv_unified,
         step_tokens=args.step_tokens, cache_ram_mib=args.cache_ram, cache_idle_slots=args.cache_idle_slots,
         cache_reuse=args.cache_reuse, context_shift=args.context_shift, speculative=speculative,
+        policy=POLICIES[args.scheduling_policy](),
     )  # fmt: skip
 
 

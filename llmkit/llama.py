@@ -310,6 +310,16 @@ class Context:
         ptr = lc.llama_get_logits_ith(self.handle, i)
         return (ctypes.c_float * self.model.n_vocab).from_address(ctypes.addressof(ptr.contents))
 
+    def logprobs(self, i: int, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:
+        """The log-probability of ``token`` at the i-th output of the last decode, and the ``n`` likeliest tokens
+        with theirs, best first (a log-softmax of the raw logits, as llama-server's n_probs)."""
+        logits = np.ctypeslib.as_array(self.logits(i))
+        shifted = logits - logits.max()
+        logp = shifted - np.log(np.exp(shifted).sum())
+        top = np.argpartition(-logp, n)[:n]
+        top = top[np.argsort(-logp[top])]
+        return float(logp[token]), [(int(t), float(logp[t])) for t in top]
+
     def embedding(self, seq_id: int) -> list[float]:
         ptr = lc.llama_get_embeddings_seq(self.handle, seq_id)
         return ptr[: self.model.n_embd]

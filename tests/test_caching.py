@@ -8,7 +8,7 @@ import os
 import pytest
 
 from llmkit.course.bench.scenarios import rss_mb
-from llmkit.engine import Engine, EngineConfig
+from llmkit.engine import End, Engine, EngineConfig
 from llmkit.engine.prompt_cache import MIB
 
 LINES = [
@@ -38,7 +38,7 @@ def test_a_prefix_comes_back_from_ram_on_another_slot_exactly_as_it_left(model):
     with Engine(model, EngineConfig(n_parallel=2, n_ctx=2048, n_threads=1)) as engine:
         first = greedy(engine, SHARED + " Question: what do the gulls do? Answer:")
         first.result()
-        same_slot = greedy(engine, QUESTION, id_slot=first.slot_id)
+        same_slot = greedy(engine, QUESTION, id_slot=first.id_slot)
         same_slot.result()
     with Engine(model, EngineConfig(n_parallel=2, n_ctx=2048, n_threads=1)) as engine:
         first = greedy(engine, SHARED + " Question: what do the gulls do? Answer:")
@@ -51,9 +51,9 @@ def test_a_prefix_comes_back_from_ram_on_another_slot_exactly_as_it_left(model):
         hits = engine.prompt_cache.hits
         from_ram = greedy(engine, QUESTION)
         assert from_ram.result() == same_slot.result()
-        assert from_ram.slot_id != first.slot_id and engine.prompt_cache.hits == hits + 1
-        assert from_ram.timings.cache_n == same_slot.timings.cache_n >= len(shared) - 2
-        assert engine.slots[from_ram.slot_id].n_restored == 1
+        assert from_ram.id_slot != first.id_slot and engine.prompt_cache.hits == hits + 1
+        assert from_ram.outcome.timings.cache_n == same_slot.outcome.timings.cache_n >= len(shared) - 2
+        assert engine.slots[from_ram.id_slot].n_restored == 1
 
 
 def test_the_prompt_cache_stays_within_its_limit_and_evicts_the_oldest(model):
@@ -76,7 +76,7 @@ def test_no_prompt_cache_with_cache_ram_0(model):
         greedy(engine, "Something else entirely.").result()
         again = greedy(engine, SHARED)
         again.result()
-        assert again.timings.cache_n < 5  # the one slot was overwritten and nothing kept it
+        assert again.outcome.timings.cache_n < 5  # the one slot was overwritten and nothing kept it
 
 
 def chat_history(first_message: str) -> list[dict]:
@@ -100,7 +100,7 @@ def test_cache_reuse_moves_the_chunk_after_an_edit_instead_of_reading_it_again(m
             cold = engine.chat(edited, max_tokens=12, temperature=0, cache_prompt=False)
             cold.result()
     n_prompt = len(model.tokenize_chat(edited))
-    reused, plain = runs[32].timings, runs[0].timings
+    reused, plain = runs[32].outcome.timings, runs[0].outcome.timings
     assert reused.n_cache_reuse > 0.8 * n_prompt  # the history after the edit was moved, not read
     assert reused.prompt_n <= 0.15 * n_prompt
     assert reused.cache_n + reused.prompt_n == n_prompt
@@ -115,14 +115,14 @@ def test_context_shift_keeps_generating_past_the_slot(model):
     with Engine(model, EngineConfig(n_parallel=1, n_ctx=256, n_threads=1, context_shift=True)) as engine:
         r = engine.complete(prompt, max_tokens=400, temperature=0, ignore_eos=True, n_keep=-1)
         r.result()
-        assert len(r.output) == 400 > engine.n_ctx_slot
-        assert r.finish_reason == "length" and r.truncated
+        assert r.outcome.n_output == 400 > engine.n_ctx_slot
+        assert r.outcome.end is End.LIMIT and r.outcome.truncated
         n_prompt = len(engine.model.tokenize(prompt))
         assert engine.slots[0].cache_tokens[:n_prompt] == engine.model.tokenize(prompt)  # n_keep = -1 kept the prompt
     with Engine(model, EngineConfig(n_parallel=1, n_ctx=256, n_threads=1)) as engine:
         r = engine.complete(prompt, max_tokens=400, temperature=0, ignore_eos=True)
         r.result()
-        assert r.finish_reason == "length" and r.truncated and len(r.output) < engine.n_ctx_slot
+        assert r.outcome.end is End.LIMIT and r.outcome.truncated and r.outcome.n_output < engine.n_ctx_slot
 
 
 def test_np_auto_is_four_slots_on_a_unified_kv_cache_serving_four_at_once(model):
@@ -131,7 +131,7 @@ def test_np_auto_is_four_slots_on_a_unified_kv_cache_serving_four_at_once(model)
         assert all(s.n_ctx == 2048 for s in engine.slots)  # each slot may use the whole context
         requests = [greedy(engine, f"{i}. " + line) for i, line in enumerate(LINES[:4])]
         assert all(r.result() for r in requests)
-        assert len({r.slot_id for r in requests}) == 4
+        assert len({r.id_slot for r in requests}) == 4
         assert max(s.n_slots for s in engine.steps) == 4  # one decode held all four
 
 
@@ -143,7 +143,7 @@ def test_a_full_unified_kv_cache_clears_idle_slots_and_goes_on(model):
         assert len(engine.model.tokenize(LINES[3] * 9)) > free
         last = greedy(engine, LINES[3] * 9)
         assert last.result() and last.error is None
-        assert any(s.n_past == 0 for s in engine.slots if s.id != last.slot_id)
+        assert any(s.n_past == 0 for s in engine.slots if s.id != last.id_slot)
 
 
 @pytest.mark.parametrize("n_parallel", [-1, 2])
@@ -152,7 +152,7 @@ def test_idle_slots_are_saved_and_cleared_only_on_a_unified_cache(model, n_paral
         first = greedy(engine, SHARED)
         first.result()
         greedy(engine, "Another prompt.").result()
-        held = engine.slots[first.slot_id].n_past
+        held = engine.slots[first.id_slot].n_past
         assert (held == 0) == engine.config.kv_unified
         assert any(e.tokens[:10] == engine.model.tokenize(SHARED)[:10] for e in engine.prompt_cache.entries)
 

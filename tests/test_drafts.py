@@ -5,11 +5,13 @@ The engine verifying drafts on the real model: test_speculative.py."""
 from __future__ import annotations
 
 import pytest
-from test_scheduler import CAPACITY, generating, reading
+from test_scheduler import CAPACITY
 
 from llmkit.engine.config import EngineConfig
 from llmkit.engine.scheduler import build_batch
 from llmkit.engine.speculative import NgramMod, NgramSimple, SpecParams, make_drafter, rfind
+
+from helpers import generating, reading, running
 
 TEXT = list(range(1000, 1100))  # 100 distinct tokens: a "file"
 
@@ -81,8 +83,7 @@ def test_slow_start_doubles_the_window_on_a_whole_draft_and_shrinks_it_to_the_ke
 
 def test_a_draft_rides_behind_its_stream_token_and_asks_for_logits_at_every_position():
     stream, other = generating(0), generating(1)
-    stream.job.draft = [8, 9, 10]
-    plan = build_batch([stream, other], CAPACITY)
+    plan = build_batch(running(stream, other), CAPACITY, drafts={0: [8, 9, 10]})
     assert [(c.tokens, c.i_logits, list(c.logit_rows), c.draft) for c in plan] == [
         ([7, 8, 9, 10], 3, [0, 1, 2, 3], [8, 9, 10]),
         ([7], 4, [4], []),
@@ -91,8 +92,8 @@ def test_a_draft_rides_behind_its_stream_token_and_asks_for_logits_at_every_posi
 
 def test_a_draft_takes_nothing_from_the_step_budget_of_prompts():
     stream, late = generating(0), reading(1, 300)
-    stream.job.draft = list(range(40))
-    plan = build_batch([stream, late], CAPACITY, budget=64)
+    drafts = {0: list(range(40))}
+    plan = build_batch(running(stream, late), CAPACITY, budget=64, drafts=drafts)
     assert len(plan[1].tokens) == 63  # as without the draft: the budget counts the stream as one token
-    plan = build_batch([stream, late], 50, budget=64)
+    plan = build_batch(running(stream, late), 50, budget=64, drafts=drafts)
     assert len(plan[1].tokens) == 9  # but the whole batch still fits its capacity

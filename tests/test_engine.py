@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import time
 import weakref
 
 import pytest
 
-from llmkit.engine import ContextSizeError, End, Engine, EngineConfig, EngineError, RequestParams
+from llmkit.engine import ContextSizeError, End, Engine, EngineConfig, EngineError, LlamaServerPolicy, PriorityPolicy, RequestParams, Status
 from llmkit.engine.prompt_cache import PromptCache
 from llmkit.engine.request import Piece, Request
 from llmkit.llama import DecodeError, Sampler
@@ -53,30 +54,30 @@ def test_batched_greedy_output_equals_output_alone(engine):
     requests = [engine.chat(chat(q), max_tokens=48, temperature=0, cache_prompt=False) for q in QUESTIONS]
     together = [r.result() for r in requests]
     assert together == alone
-    assert len({r.slot_id for r in requests}) == 4, "the four requests should have run side by side"
+    assert len({r.id_slot for r in requests}) == 4, "the four requests should have run side by side"
 
 
 def test_prefix_cache_hit_gives_the_same_output_and_reports_cache_n(engine):
     cold = engine.chat(chat("Name two colours.", SYSTEM), max_tokens=32, temperature=0, cache_prompt=False)
     cold_text = cold.result()
-    assert cold.timings.cache_n == 0
+    assert cold.outcome.timings.cache_n == 0
     warm = engine.chat(chat("Name two colours.", SYSTEM), max_tokens=32, temperature=0)
     assert warm.result() == cold_text
-    assert warm.slot_id == cold.slot_id
+    assert warm.id_slot == cold.id_slot
     # the whole prompt was cached; one token is evaluated again for its logits
-    assert warm.timings.cache_n == len(warm.prompt) - 1
-    assert warm.timings.prompt_n == 1
+    assert warm.outcome.timings.cache_n == len(warm.prompt) - 1
+    assert warm.outcome.timings.prompt_n == 1
     other = engine.chat(chat("Name two animals.", SYSTEM), max_tokens=8, temperature=0)
     other.result()
-    assert other.slot_id == cold.slot_id, "the slot holding the system prompt is the most similar"
-    assert other.timings.cache_n >= len(engine.model.tokenize_chat(chat("", SYSTEM))) - 8
+    assert other.id_slot == cold.id_slot, "the slot holding the system prompt is the most similar"
+    assert other.outcome.timings.cache_n >= len(engine.model.tokenize_chat(chat("", SYSTEM))) - 8
 
 
 def test_cache_prompt_false_evaluates_everything(engine):
     engine.chat(chat("Hello!", SYSTEM), max_tokens=4, temperature=0).result()
     r = engine.chat(chat("Hello!", SYSTEM), max_tokens=4, temperature=0, cache_prompt=False)
     r.result()
-    assert r.timings.cache_n == 0 and r.timings.prompt_n == len(r.prompt)
+    assert r.outcome.timings.cache_n == 0 and r.outcome.timings.prompt_n == len(r.prompt)
 
 
 def test_two_system_prompts_keep_to_their_own_slots(engine):
@@ -90,18 +91,19 @@ def test_two_system_prompts_keep_to_their_own_slots(engine):
     again = [engine.chat(chat("Bye", s), max_tokens=4, temperature=0) for s in systems]
     for r in again:
         r.result()
-    assert [r.slot_id for r in again] == [r.slot_id for r in first]
-    assert all(r.timings.cache_n > 20 for r in again)
+    assert [r.id_slot for r in again] == [r.id_slot for r in first]
+    assert all(r.outcome.timings.cache_n > 20 for r in again)
 
 
 def test_more_requests_than_slots_wait_in_a_queue_and_all_finish(engine):
     requests = [engine.chat(chat(f"Count from {i} to {i + 5}."), max_tokens=24, temperature=0) for i in range(7)]
     # slots fill between steps (a slow step delays the next admissions): wait for it, don't guess how long
-    wait_until(lambda: busy_and_waiting(engine) == (4, 3), timeout=10)
+    seen = []  # one snapshot, taken when the slots are full: first come, first served, the last three wait in order
+    wait_until(lambda: (seen.append(engine.status()), (seen[-1].n_busy, seen[-1].n_waiting) == (4, 3))[1], timeout=10)
+    assert {s.job.id_task for s in seen[-1].slots if s.job} == {r.id for r in requests[:4]}
+    assert [w.id for w in seen[-1].waiting] == [r.id for r in requests[4:]]
     texts = [r.result() for r in requests]
-    assert all(texts) and all(r.finish_reason in ("stop", "length") for r in requests)
-    # first come, first served: the three that waited started after the first four
-    assert max(r.t_start for r in requests[:4]) < min(r.t_start for r in requests[4:])
+    assert all(texts) and all(r.outcome.end in (End.EOS, End.WORD, End.LIMIT) for r in requests)
     wait_idle(engine)
 
 
@@ -114,7 +116,7 @@ def test_cancel_frees_the_slot_within_a_second(engine):
     pieces.close()  # the consumer goes away
     wait_idle(engine, timeout=1.0)
     assert time.monotonic() - t0 < 1.0
-    assert r.finish_reason == "cancelled"
+    assert r.outcome.end is End.CANCELLED
 
 
 def test_cancel_while_waiting_in_the_queue(engine):
@@ -124,7 +126,7 @@ def test_cancel_while_waiting_in_the_queue(engine):
     assert queued.status.value == "waiting"
     queued.cancel()
     wait_until(lambda: queued.done, timeout=10)
-    assert queued.finish_reason == "cancelled" and queued.output == [] and queued.slot_id is None
+    assert queued.outcome.end is End.CANCELLED and queued.outcome.output == () and queued.id_slot is None
     assert not all(b.done for b in blockers)  # it left the queue at once, not when a slot came free
     for b in blockers:
         b.result()
@@ -144,16 +146,16 @@ def test_generation_stops_with_length_at_the_end_of_the_slot(engine):
     prompt = engine.model.tokenize("word " * 990)
     r = engine.submit(prompt, RequestParams.of(temperature=0, ignore_eos=True))
     r.result()
-    assert r.finish_reason == "length"
-    assert len(prompt) + len(r.output) == engine.n_ctx_slot + 1  # the last token is sampled, never decoded
+    assert r.outcome.end is End.LIMIT
+    assert len(prompt) + r.outcome.n_output == engine.n_ctx_slot + 1  # the last token is sampled, never decoded
 
 
 def test_max_tokens_and_zero(engine):
     r = engine.complete("One, two, three,", max_tokens=5, temperature=0, ignore_eos=True)
     r.result()
-    assert (len(r.output), r.finish_reason, r.timings.predicted_n) == (5, "length", 5)
+    assert (r.outcome.n_output, r.outcome.end, r.outcome.timings.predicted_n) == (5, End.LIMIT, 5)
     r = engine.complete("One, two, three,", max_tokens=0)
-    assert r.result() == "" and r.finish_reason == "length"
+    assert r.result() == "" and r.outcome.end is End.LIMIT
 
 
 def test_stop_string_split_across_tokens_is_never_emitted(engine):
@@ -163,20 +165,20 @@ def test_stop_string_split_across_tokens_is_never_emitted(engine):
     assert stop in text
     r = engine.complete("1, 2, 3, 4, 5, 6, 7,", max_tokens=24, temperature=0, stop=[stop])
     pieces = [p.text for p in r]
-    assert r.finish_reason == "stop"
+    assert r.outcome.end in (End.EOS, End.WORD)
     assert "".join(pieces) == text[: text.index(stop)]
     assert not any("10" in p for p in pieces)
 
 
 def test_a_failing_request_fails_alone(engine, monkeypatch):
-    real = engine._logprobs
+    real = engine.ctx.logprobs
 
     def explode(i, token, n_probs):
         if n_probs == 7:  # only the request that asked for 7 alternatives
             raise RuntimeError("boom in the sampler")
         return real(i, token, n_probs)
 
-    monkeypatch.setattr(engine, "_logprobs", explode)
+    monkeypatch.setattr(engine.ctx, "logprobs", explode)
     good = [engine.chat(chat(q), max_tokens=24, temperature=0) for q in QUESTIONS[:3]]
     bad = engine.submit(engine.model.tokenize_chat(chat("Hi")), RequestParams.of(temperature=0, n_probs=7))
     with pytest.raises(EngineError, match="boom in the sampler"):
@@ -194,7 +196,7 @@ def test_logprobs_are_reported_when_asked(engine):
     r = engine.submit(engine.model.tokenize("The capital of France is"), RequestParams.of(temperature=0, max_tokens=3, n_probs=3))
     pieces = list(r)
     lps = [lp for p in pieces for lp in p.logprobs]
-    assert len(lps) == len(r.output) == 3
+    assert len(lps) == r.outcome.n_output == 3
     for lp in lps:  # greedy: the chosen token is the most likely one
         assert lp.top[0][0] == lp.token and lp.logprob == pytest.approx(lp.top[0][1]) and lp.logprob <= 0
 
@@ -219,13 +221,13 @@ def test_timings_and_counters_add_up(engine):
     for r in requests:
         r.result()
     after = engine.status().counters.snapshot()
-    assert after["tokens_predicted_total"] - before["tokens_predicted_total"] == sum(r.timings.predicted_n for r in requests)
-    assert after["prompt_tokens_total"] - before["prompt_tokens_total"] == sum(r.timings.prompt_n for r in requests)
-    assert after["prompt_tokens_cached_total"] - before["prompt_tokens_cached_total"] == sum(r.timings.cache_n for r in requests)
+    assert after["tokens_predicted_total"] - before["tokens_predicted_total"] == sum(r.outcome.timings.predicted_n for r in requests)
+    assert after["prompt_tokens_total"] - before["prompt_tokens_total"] == sum(r.outcome.timings.prompt_n for r in requests)
+    assert after["prompt_tokens_cached_total"] - before["prompt_tokens_cached_total"] == sum(r.outcome.timings.cache_n for r in requests)
     assert after["n_decode_total"] > before["n_decode_total"]
     for r in requests:
-        t = r.timings.to_dict()
-        assert t["prompt_n"] + t["cache_n"] == len(r.prompt) and t["predicted_n"] == len(r.output)
+        t = r.outcome.timings.to_dict()
+        assert t["prompt_n"] + t["cache_n"] == len(r.prompt) and t["predicted_n"] == r.outcome.n_output
         assert t["prompt_ms"] > 0 and t["predicted_ms"] > 0
 
 
@@ -252,7 +254,7 @@ def test_submit_validation(engine):
         engine.submit([1, 2], RequestParams(id_slot=9))
     r = engine.submit(engine.model.tokenize("Hi"), RequestParams(max_tokens=2, id_slot=2))
     r.result()
-    assert r.slot_id == 2
+    assert r.id_slot == 2
 
 
 def test_request_objects_stand_alone():
@@ -312,7 +314,7 @@ def test_an_engine_stepped_by_hand_shows_each_batch(by_hand):
     shares = [(s.batch[0].n_tokens, s.batch[0].is_prompt, s.batch[0].sampled) for s in steps]
     n = len(r.prompt)
     assert shares == [(128, True, False), (n - 128, True, True), (1, False, True), (1, False, True)]
-    assert by_hand.slots[0].cache_tokens == r.prompt + r.output[:2]  # the last token is sampled, never decoded
+    assert by_hand.slots[0].cache_tokens == r.prompt + list(r.outcome.output[:2])  # the last token is sampled, never decoded
     assert by_hand.step() is None  # nothing to do
 
 
@@ -350,7 +352,7 @@ def test_a_failed_decode_leaves_what_earlier_steps_committed(by_hand, monkeypatc
     assert slot.cache_tokens == r.prompt[:128] and by_hand.ctx.seq_pos_max(0) == 127  # the first chunk, and only it
     again = by_hand.complete("word " * 200, max_tokens=3, temperature=0)
     run(by_hand, again)
-    assert again.error is None and again.timings.cache_n == 128  # and it is reused
+    assert again.error is None and again.outcome.timings.cache_n == 128  # and it is reused
 
 
 def test_a_prompt_cache_that_raises_fails_the_request_it_concerns_and_the_loop_goes_on(model, monkeypatch, caplog):
@@ -366,5 +368,76 @@ def test_a_prompt_cache_that_raises_fails_the_request_it_concerns_and_the_loop_g
         monkeypatch.undo()
         third = engine.complete("A third prompt", max_tokens=2)
         wait_until(lambda: third.done, timeout=30)  # (the old engine's thread had died saving the idle slot: this waited forever)
-        assert third.error is None and third.output
+        assert third.error is None and third.outcome is not None and third.outcome.output
     assert "no memory for the copy" in caplog.text
+
+
+# --- the published status, and priority with preemption -------------------------------------------------------
+
+
+class PausedOnce(LlamaServerPolicy):
+    """llama-server's policy, but its first ``prompt_order`` call (inside a step, after admission) waits for ``go``."""
+
+    def __init__(self) -> None:
+        self.inside, self.go = threading.Event(), threading.Event()
+
+    def prompt_order(self, reading):
+        if not self.inside.is_set():
+            self.inside.set()
+            self.go.wait(30)
+        return super().prompt_order(reading)
+
+
+def test_a_status_read_from_another_thread_is_the_state_at_the_end_of_a_step(model):
+    policy = PausedOnce()
+    with Engine(model, EngineConfig(n_parallel=2, n_ctx=1024, n_threads=1, policy=policy)) as engine:
+        r = engine.complete("The harbour opens at six and the first boats leave before sunrise.", max_tokens=4, temperature=0)
+        assert policy.inside.wait(30)  # the engine's thread is in the middle of a step: admitted, not yet decoded
+        seen: list = []
+        reader = threading.Thread(target=lambda: seen.append(engine.status()))
+        reader.start()
+        reader.join(0.3)
+        assert not seen, "a reader got the engine's state in the middle of a step"
+        policy.go.set()
+        reader.join(30)
+        (status,) = seen
+        job = status.slots[r.id_slot].job
+        assert job is not None and job.status == "generating" and job.n_prompt_tokens_processed == len(r.prompt)
+        assert status.step >= 1 and status.slots[r.id_slot].n_cached == len(r.prompt)  # the step's prompt, all in the KV cache
+        r.result()
+
+
+STORY = "Once upon a time, in a village by the sea, there lived an old fisherman who"
+
+
+def preempted_run(model, cache_ram_mib: int) -> tuple[str, str, Engine]:
+    """A low-priority story preempted after 10 tokens by a high-priority question, on one slot; both texts."""
+    config = EngineConfig(n_parallel=1, n_ctx=1024, n_threads=1, cache_ram_mib=cache_ram_mib, policy=PriorityPolicy())
+    engine = Engine(model, config, start=False)
+    low = engine.complete(STORY, max_tokens=40, temperature=0, ignore_eos=True, priority=5)
+    while low.id_slot is None or len(low.text_parts) < 10:
+        engine.step()
+    high = engine.chat(chat("What is the capital of France?"), max_tokens=12, temperature=0, priority=0)
+    engine.step()  # the question takes the slot: the story waits, its KV cache in RAM (if the cache takes it)
+    assert (low.status, low.id_slot, high.id_slot) == (Status.WAITING, None, 0)
+    assert [w.id for w in engine.status().waiting] == [low.id] and engine.counters.requests_preempted_total == 1
+    n_sent = len(low.text_parts)
+    while not high.done:
+        engine.step()
+        assert len(low.text_parts) == n_sent  # the story's stream is paused, not broken
+    while not low.done:
+        engine.step()
+    assert low.error is None and low.outcome is not None and low.outcome.n_output == 40 and low.id_slot == 0  # the slot, taken again
+    return low.result(), high.result(), engine
+
+
+@pytest.mark.parametrize("cache_ram_mib", [8192, 0], ids=["kv-kept-in-ram", "kv-recomputed"])
+def test_a_preempted_request_goes_on_with_the_same_greedy_text(model, cache_ram_mib):
+    with Engine(model, EngineConfig(n_parallel=1, n_ctx=1024, n_threads=1), start=False) as alone:
+        never_stopped = alone.complete(STORY, max_tokens=40, temperature=0, ignore_eos=True)
+        while not never_stopped.done:
+            alone.step()
+    text, answer, engine = preempted_run(model, cache_ram_mib)
+    with engine:
+        assert text == never_stopped.result() and answer  # the question was answered meanwhile
+        assert engine.slots[0].n_restored == (1 if cache_ram_mib else 0)  # from the prompt cache, or read again

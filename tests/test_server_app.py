@@ -20,9 +20,10 @@ import pytest
 import uvicorn
 
 from llmkit.course import launch
-from llmkit.engine import Counters, End, EngineConfig, EngineError, EngineStatus, Piece, Request, SlotStatus
+from llmkit.engine import Counters, End, EngineConfig, EngineError, EngineStatus, Outcome, Piece, Request, SlotStatus
 from llmkit.server import Settings, create_app
 from llmkit.server.state import ServingEngine
+from llmkit.timings import Timings
 
 from helpers import wait_until
 
@@ -47,10 +48,15 @@ class FakeModel:
         return "".join(f"<{m['role']}>{m['content']}" for m in messages)
 
 
+def ends(request: Request, end: End) -> None:
+    """The engine's last word on ``request``: it ended, with nothing generated."""
+    request.finish(Outcome(end, (), len(request.prompt), 0, Timings(), id_slot=request.id_slot))
+
+
 class FakeEngine:
     """``submit`` runs ``script(request)`` at once: the request's events are queued before anyone reads."""
 
-    def __init__(self, script: Callable[[Request], None] = lambda r: r.finish(End.EOS), *, starts: bool = True):
+    def __init__(self, script: Callable[[Request], None] = lambda r: ends(r, End.EOS), *, starts: bool = True):
         self.model = FakeModel()
         self.script = script
         self.starts = starts  # whether a request gets a slot (else the script ends it before it starts)
@@ -59,12 +65,12 @@ class FakeEngine:
     def submit(self, prompt, params=None) -> Request:
         request = Request(prompt, params)
         if self.starts:
-            request.start(0, n_cached=0, n_moved=0)
+            request.start(0, n_cached=0)
         self.script(request)
         return request
 
     def status(self) -> EngineStatus:
-        return EngineStatus(EngineConfig(n_parallel=1, n_ctx=64).resolved(), (SlotStatus(0, 64, 0, 0, None),), 0, Counters(), None)
+        return EngineStatus(EngineConfig(n_parallel=1, n_ctx=64).resolved(), (SlotStatus(0, 64, 0, 0, None),), (), Counters(), None)
 
     def close(self) -> None:
         self.closed = True
@@ -141,7 +147,7 @@ def test_an_unexpected_exception_is_a_json_500_and_the_server_keeps_serving():
 
 
 def test_a_request_that_fails_to_start_is_an_http_error_even_streamed():
-    engine = FakeEngine(lambda r: r.finish(None, EngineError("saving the slot's prompt failed")), starts=False)
+    engine = FakeEngine(lambda r: r.fail(EngineError("saving the slot's prompt failed")), starts=False)
     with launch.serve_app(create_app(engine, Settings(alias="fake"))) as url:
         for stream in (True, False):
             r = httpx.post(url + "/v1/chat/completions", json={**CHAT, "stream": stream})
@@ -151,7 +157,7 @@ def test_a_request_that_fails_to_start_is_an_http_error_even_streamed():
 
 def test_once_started_a_stream_is_a_200_and_an_error_before_the_first_token_comes_inside_it():
     """As llama-server: the status line goes out when a slot takes the request (its "begin" result), before the prompt."""
-    engine = FakeEngine(lambda r: r.finish(None, EngineError("llama_decode failed")))
+    engine = FakeEngine(lambda r: r.fail(EngineError("llama_decode failed")))
     with launch.serve_app(create_app(engine, Settings(alias="fake"))) as url:
         r = httpx.post(url + "/v1/chat/completions", json=CHAT)
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
@@ -162,7 +168,7 @@ def test_once_started_a_stream_is_a_200_and_an_error_before_the_first_token_come
 
 def test_a_quiet_stream_gets_pings_until_its_first_piece():
     def script(r: Request) -> None:  # the prompt takes 1.6 s to read
-        threading.Timer(1.6, lambda: (r.emit(Piece("Hi", [1])), r.finish(End.EOS))).start()
+        threading.Timer(1.6, lambda: (r.emit(Piece("Hi", [1])), ends(r, End.EOS))).start()
 
     with launch.serve_app(create_app(FakeEngine(script), Settings(alias="fake", sse_ping_interval=1))) as url:
         quiet = httpx.post(url + "/v1/chat/completions", json=CHAT, timeout=httpx.Timeout(5, read=1.4))  # each wait under 1.6 s
@@ -174,7 +180,7 @@ def test_a_quiet_stream_gets_pings_until_its_first_piece():
 def test_an_engine_error_after_the_first_token_ends_the_stream_with_an_error_event():
     def script(r: Request) -> None:
         r.emit(Piece("Hel", [1]))
-        r.finish(None, EngineError("llama_decode failed"))
+        r.fail(EngineError("llama_decode failed"))
 
     with launch.serve_app(create_app(FakeEngine(script), Settings(alias="fake"))) as url:
         r = httpx.post(url + "/v1/chat/completions", json=CHAT)
@@ -196,7 +202,7 @@ def test_a_stream_with_no_text_still_has_every_frame():
 @pytest.mark.parametrize("body", [{"prompt": "a b c"}, {"prompt": [5, 6]}, {"prompt": ["a b"]}, {"prompt": [[5, 6]]}])
 def test_completion_prompt_forms(body):
     seen = []
-    engine = FakeEngine(lambda r: (seen.append(r.prompt), r.finish(End.EOS)))
+    engine = FakeEngine(lambda r: (seen.append(r.prompt), ends(r, End.EOS)))
     with launch.serve_app(create_app(engine, Settings(alias="fake"))) as url:
         r = httpx.post(url + "/v1/completions", json=body)
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == ""
@@ -246,14 +252,14 @@ def test_a_client_that_leaves_a_whole_answer_cancels_its_request(path):
     started = []
 
     def never_ends(r: Request) -> None:  # as the engine does on cancel: end it
-        r.on_cancel = lambda: r.finish(End.CANCELLED)
+        r.on_cancel = lambda: ends(r, End.CANCELLED)
         started.append(r)
 
     with launch.serve_app(create_app(FakeEngine(never_ends), Settings(alias="fake"))) as url:
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(url + path, json=GENERATION_ROUTES[path], timeout=httpx.Timeout(10, read=0.5))
         wait_until(lambda: started and started[0].done, timeout=5)
-        assert started[0].cancelled and started[0].finish_reason == "cancelled"
+        assert started[0].cancelled and started[0].outcome is not None and started[0].outcome.end is End.CANCELLED
 
 
 def test_anthropic_routes_answer_errors_in_anthropics_shape():
@@ -288,7 +294,7 @@ def test_anthropic_routes_answer_errors_in_anthropics_shape():
 def test_an_engine_error_mid_stream_is_an_error_event_in_each_apis_shape():
     def script(r: Request) -> None:
         r.emit(Piece("Hel", [1]))
-        r.finish(None, EngineError("llama_decode failed"))
+        r.fail(EngineError("llama_decode failed"))
 
     with launch.serve_app(create_app(FakeEngine(script), Settings(alias="fake"))) as url:
         r = httpx.post(url + "/v1/messages", json={**GENERATION_ROUTES["/v1/messages"], "stream": True})

@@ -37,8 +37,8 @@ def test_a_greedy_answer_is_the_same_with_and_without_speculation_and_comes_in_f
     plain.result()
     fast = engine.complete(COPY, max_tokens=64, temperature=0, cache_prompt=False)
     assert fast.result() == plain.result()
-    assert plain.timings.draft_n == 0 and "draft_n" not in plain.timings.to_dict()
-    t = fast.timings.to_dict()
+    assert plain.outcome.timings.draft_n == 0 and "draft_n" not in plain.outcome.timings.to_dict()
+    t = fast.outcome.timings.to_dict()
     assert t["draft_n_accepted"] >= 16 and t["draft_n"] >= t["draft_n_accepted"]
 
 
@@ -47,8 +47,8 @@ def test_a_stop_string_inside_an_accepted_draft_ends_the_answer_exactly_there(en
     stop = copied[30:40]  # text the copy reaches in the middle of a draft
     plain = engine.complete(COPY, max_tokens=64, temperature=0, stop=[stop], n_draft_max=0)
     fast = engine.complete(COPY, max_tokens=64, temperature=0, stop=[stop])
-    assert fast.result() == plain.result() and fast.stopping_word == plain.stopping_word == stop
-    assert fast.timings.draft_n_accepted > 0
+    assert fast.result() == plain.result() and fast.outcome.stopping_word == plain.outcome.stopping_word == stop
+    assert fast.outcome.timings.draft_n_accepted > 0
 
 
 def test_a_constrained_answer_under_speculation_still_follows_its_grammar(engine):
@@ -59,7 +59,7 @@ def test_a_constrained_answer_under_speculation_still_follows_its_grammar(engine
     fast = engine.complete(prompt, max_tokens=48, temperature=0, grammar=gbnf)
     assert re.fullmatch(r'\{"a": \d, "c": \d\}\n\{"a": \d, "b": \d\}\n\{"a": \d\}', fast.result())
     assert fast.result() == plain.result()
-    assert fast.timings.draft_n > fast.timings.draft_n_accepted  # some draft was cut by the grammar
+    assert fast.outcome.timings.draft_n > fast.outcome.timings.draft_n_accepted  # some draft was cut by the grammar
 
 
 def test_a_rejected_draft_leaves_no_trace_in_the_kv_cache(model, monkeypatch):
@@ -79,10 +79,10 @@ def test_a_rejected_draft_leaves_no_trace_in_the_kv_cache(model, monkeypatch):
         while not r.done:
             step = engine.step()
             rejected += sum(s.n_draft - s.n_accepted for s in step.batch)
-            if not r.done and r.output:
-                assert slot.cache_tokens == r.prompt + r.output[:-1]
+            if not r.done and slot.job is not None and slot.job.output:
+                assert slot.cache_tokens == r.prompt + slot.job.output[:-1]
                 assert engine.ctx.seq_pos_max(0) == len(slot.cache_tokens) - 1
-        assert all(seen) and rejected > 0 and r.timings.draft_n > r.timings.draft_n_accepted
+        assert all(seen) and rejected > 0 and r.outcome.timings.draft_n > r.outcome.timings.draft_n_accepted
 
 
 def test_a_slow_start_drafts_short_first_then_twice_the_run_each_draft_kept(model):
@@ -99,13 +99,15 @@ def test_a_slow_start_drafts_short_first_then_twice_the_run_each_draft_kept(mode
         assert n_next <= config.speculative.next_window(kept)
 
 
-def test_two_streams_speculate_in_one_batch(engine):
-    engine.steps.clear()
-    a = engine.complete(COPY, max_tokens=48, temperature=0, cache_prompt=False)
-    b = engine.complete(COPY, max_tokens=48, temperature=0, cache_prompt=False)
-    assert a.result() == b.result()
-    both = [s for s in engine.steps if len([share for share in s.batch if share.n_draft]) == 2]
-    assert both, "no step verified both slots' drafts together"
+def test_two_streams_speculate_in_one_batch(model, engine):
+    with Engine(model, engine.config, start=False) as by_hand:  # both admitted in the same step: they draft side by side
+        a = by_hand.complete(COPY, max_tokens=48, temperature=0, cache_prompt=False)
+        b = by_hand.complete(COPY, max_tokens=48, temperature=0, cache_prompt=False)
+        while not (a.done and b.done):
+            by_hand.step()
+        assert a.result() == b.result()
+        both = [s for s in by_hand.steps if len([share for share in s.batch if share.n_draft]) == 2]
+        assert both, "no step verified both slots' drafts together"
 
 
 def test_the_server_speculates_per_server_and_per_request_and_reports_it():

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 
-from llmkit.engine import End, Piece, Request, RequestParams
+from llmkit.engine import End, Outcome, Piece, Request, RequestParams
 from llmkit.engine.request import TokenLogprob
 from llmkit.server.sse import DONE, Formatter, NativeFormatter, event, named_event
 from llmkit.server.tools import TextParser
+from llmkit.timings import Timings
 
 PIECES = {1: b"He", 2: b"llo", 3: b"\xe2\x82\xac"}  # token id -> bytes (3: the euro sign)
 
@@ -19,11 +20,18 @@ def text(pieces: list[Piece]) -> TextParser:
     return answer
 
 
-def finished(output: list[int], end: End = End.EOS) -> Request:
+def finished(output: list[int], end: End = End.EOS, stopping_word: str = "") -> Request:
+    """A request for 3 prompt tokens (2 of them cached) on slot 0, ended with ``output``."""
     request = Request([7, 8, 9], RequestParams.of(temperature=0, max_tokens=16))
-    request.output, request.end, request.slot_id = output, end, 0
-    request.timings.cache_n = 2
+    request.start(0, n_cached=2)
+    timings = Timings(cache_n=2, prompt_n=1, predicted_n=len(output))
+    request.finish(Outcome(end, tuple(output), 3, 2, timings, stopping_word, id_slot=0, tokens_cached=5))
     return request
+
+
+def ended(request: Request) -> Outcome:
+    assert request.outcome is not None
+    return request.outcome
 
 
 def test_an_event_is_compact_utf8_and_ends_with_a_blank_line():
@@ -37,12 +45,12 @@ def test_a_chat_stream_opens_with_the_role_and_closes_with_the_reason_then_usage
     (opening,) = fmt.opening(request)
     pieces = [Piece("He", [1]), Piece("llo", [2])]
     (first,), (second,) = (fmt.chunk(request, p, text([p]).push(p.text)) for p in pieces)
-    reason, totals = fmt.closing(request, text(pieces), include_usage=True)
+    reason, totals = fmt.closing(ended(request), text(pieces), include_usage=True)
 
     assert opening["choices"][0]["delta"] == {"role": "assistant", "content": None}
     assert [c["choices"][0]["delta"] for c in (first, second)] == [{"content": "He"}, {"content": "llo"}]
     assert reason["choices"] == [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]
-    assert totals["choices"] == [] and "timings" not in reason and totals["timings"] == request.timings.to_dict()
+    assert totals["choices"] == [] and "timings" not in reason and totals["timings"] == ended(request).timings.to_dict()
     assert totals["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5, "prompt_tokens_details": {"cached_tokens": 2}}
     chunks = [opening, first, second, reason, totals]
     assert {c["id"] for c in chunks} == {fmt.id} and fmt.id.startswith("chatcmpl-")
@@ -51,7 +59,7 @@ def test_a_chat_stream_opens_with_the_role_and_closes_with_the_reason_then_usage
 
 
 def test_without_usage_the_timings_ride_on_the_reason_chunk():
-    (reason,) = Formatter(True, "m", "fp").closing(finished([1], End.LIMIT), TextParser(), include_usage=False)
+    (reason,) = Formatter(True, "m", "fp").closing(ended(finished([1], End.LIMIT)), TextParser(), include_usage=False)
     assert reason["choices"][0]["finish_reason"] == "length" and "timings" in reason and "usage" not in reason
 
 
@@ -59,7 +67,7 @@ def test_a_whole_text_completion():
     fmt = Formatter(False, "m", "fp")
     pieces = [Piece("He", [1]), Piece("llo", [2])]
     request = finished([1, 2])
-    body = fmt.response(request, pieces, text(pieces))
+    body = fmt.response(ended(request), pieces, text(pieces))
     assert fmt.opening(request) == [] and fmt.id.startswith("cmpl-") and body["object"] == "text_completion"
     assert body["choices"] == [{"index": 0, "text": "Hello", "logprobs": None, "finish_reason": "stop"}]
     assert body["usage"]["completion_tokens"] == 2 and body["model"] == "m" and body["system_fingerprint"] == "fp"
@@ -81,19 +89,19 @@ def test_a_native_stream_counts_its_tokens_and_ends_without_done():
     fmt = NativeFormatter("m", "<prompt>", stream=True)
     request = finished([1, 2, 3])
     chunks = [c for p in (Piece("He", [1]), Piece("llo€", [2, 3])) for c in fmt.chunk(request, p, [])]
-    (last,) = fmt.closing(request, TextParser(), include_usage=True)
+    (last,) = fmt.closing(ended(request), TextParser(), include_usage=True)
     assert [(c["content"], c["tokens"], c["tokens_predicted"], c["stop"]) for c in chunks] == [
         ("He", [1], 1, False), ("llo€", [2, 3], 3, False)]  # fmt: skip
     assert last["stop"] is True and last["content"] == "" and last["tokens"] == [] and last["tokens_predicted"] == 3
     assert last["prompt"] == "<prompt>" and last["generation_settings"]["stream"] is True and last["id_slot"] == 0
     assert fmt.opening(request) == [] and fmt.done is None
-    assert json.loads(event(last).removeprefix("data: "))["timings"] == request.timings.to_dict()
+    assert json.loads(event(last).removeprefix("data: "))["timings"] == ended(request).timings.to_dict()
 
 
 def test_a_whole_native_answer_lists_its_tokens_only_if_asked():
     request, pieces = finished([1, 2]), [Piece("He", [1]), Piece("llo", [2])]
-    assert NativeFormatter("m", "p").response(request, pieces, text(pieces))["tokens"] == []
-    body = NativeFormatter("m", "p", return_tokens=True).response(request, pieces, text(pieces))
+    assert NativeFormatter("m", "p").response(ended(request), pieces, text(pieces))["tokens"] == []
+    body = NativeFormatter("m", "p", return_tokens=True).response(ended(request), pieces, text(pieces))
     assert body["tokens"] == [1, 2] and body["content"] == "Hello" and body["tokens_evaluated"] == 3
 
 
@@ -107,7 +115,7 @@ def stream_of(fmt, request: Request, texts: list[str], answer) -> list[dict]:
     events = fmt.opening(request)
     for t in texts:
         events += fmt.chunk(request, Piece(t, [1]), answer.push(t))
-    return events + fmt.chunk(request, Piece("", []), answer.finish()) + fmt.closing(request, answer, False)
+    return events + fmt.chunk(request, Piece("", []), answer.finish()) + fmt.closing(ended(request), answer, False)
 
 
 def test_a_responses_stream_opens_items_and_parts_in_openais_order():
@@ -134,7 +142,7 @@ def test_a_responses_stream_opens_items_and_parts_in_openais_order():
     assert events[0]["response"]["status"] == "in_progress" and events[0]["response"]["output"] == []
     # cut by the budget: incomplete, and the whole answer says the same
     cut = finished([1, 2], End.LIMIT)
-    body = ResponsesFormatter("m", {}).response(cut, [], text([Piece("Hi", [1])]))
+    body = ResponsesFormatter("m", {}).response(ended(cut), [], text([Piece("Hi", [1])]))
     assert (body["status"], body["incomplete_details"], body["output"][0]["status"]) == (
         "incomplete",
         {"reason": "max_output_tokens"},
@@ -161,7 +169,7 @@ def test_a_messages_stream_numbers_its_blocks_and_ends_with_the_stop_reason():
     assert json.loads(tool_json) == {"a": 1} and blocks[1]["content_block"]["id"].startswith("toolu_")
     assert events[-2]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None} and events[-2]["usage"] == {"output_tokens": 3}
     # whole: the same blocks; a stop string is the stop_sequence
-    request.end, request.stopping_word = End.WORD, "END"
-    body = MessagesFormatter("m").response(request, [], text([Piece("Hi", [1])]))
+    request = finished([1, 2, 3], End.WORD, "END")
+    body = MessagesFormatter("m").response(ended(request), [], text([Piece("Hi", [1])]))
     assert body["content"] == [{"type": "text", "text": "Hi"}] and (body["stop_reason"], body["stop_sequence"]) == ("stop_sequence", "END")
     assert named_event({"type": "ping"}) == 'event: ping\ndata: {"type":"ping"}\n\n'

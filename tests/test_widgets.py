@@ -64,13 +64,13 @@ def test_the_page_shows_the_queue_the_prompt_progress_and_the_cells(engine):
     third = engine.complete("Hello", max_tokens=1)
     for _ in range(2):
         engine.step()
-    job = engine.slots[late.slot_id].job
+    job = engine.slots[late.id_slot].job
     assert job is not None and 0 < job.n_prompt_done < len(late.prompt)  # the budget: still reading it
 
     page = engine_html(engine)
     assert f"waiting for a slot: #{third.id} ({len(third.prompt)} tokens)" in page
     assert f"request #{late.id}, reading its prompt: {job.n_prompt_done} of {len(late.prompt)} tokens" in page
-    assert f"request #{story.id}, generating (tokens generated: {len(story.output)})" in page
+    assert f"request #{story.id}, generating (tokens generated: {len(engine.slots[story.id_slot].job.output)})" in page
     last = {share.slot: share.n_tokens for share in engine.steps[-1].batch}
     for slot in engine.slots:  # one box per cell (short contexts); the last step's cells in its colour
         assert f"{slot.n_past} of {slot.n_ctx} cells" in page
@@ -85,9 +85,9 @@ def test_a_reused_prefix_shows_as_reused_cells(engine):
         engine.step()
     again = engine.complete(text + " By noon", max_tokens=2, temperature=0)
     engine.step()
-    assert again.slot_id == first.slot_id and again.timings.cache_n > 0
-    kinds = boxes(engine_html(engine), again.slot_id)
-    assert kinds == Counter({"reused": again.timings.cache_n, "last": len(again.prompt) - again.timings.cache_n})
+    assert again.id_slot == first.id_slot and again.n_cached > 0
+    kinds = boxes(engine_html(engine), again.id_slot)
+    assert kinds == Counter({"reused": again.n_cached, "last": len(again.prompt) - again.n_cached})
 
 
 def test_the_step_button_runs_one_step(engine):
@@ -99,7 +99,7 @@ def test_the_step_button_runs_one_step(engine):
     assert engine.counters.n_decode_total == 1 and "steps so far: 1" in view.picture.value
     assert view.picture.value == engine_html(engine)
     to_the_end.click()
-    assert r.done and len(r.output) == 3 and "nothing to decode" in view.message.value
+    assert r.done and r.outcome.n_output == 3 and "nothing to decode" in view.message.value
     assert view.picture.value == engine_html(engine)
 
 

@@ -24,14 +24,14 @@ from __future__ import annotations
 import html
 import math
 import threading
+from collections.abc import Callable
 
 import httpx
 import ipywidgets as w
 
 from llmkit.course import tr
 from llmkit.course.client import stream_translation
-from llmkit.engine import Engine, StepRecord
-from llmkit.engine.slot import Slot
+from llmkit.engine import Engine, SlotStatus, StepRecord
 
 # SmolLM2-135M follows a language name far better than a code ("fr", "ja").
 LANGUAGES = ("French", "Japanese", "Spanish", "German", "Chinese", "Korean", "English")
@@ -110,12 +110,12 @@ STYLE = (
 )
 
 
-def cell_kinds(slot: Slot, n_last: int) -> list[str]:
+def cell_kinds(slot: SlotStatus, n_last: int) -> list[str]:
     """What each of the slot's KV cells is, in position order: ``reused`` from the cache when its request
     started, written by an ``earlier`` step, or by the ``last`` step (the slot's last ``n_last`` cells)."""
-    n_last = min(n_last, slot.n_past)
-    n_reused = min(slot.job.request.timings.cache_n, slot.n_past - n_last) if slot.job is not None else 0
-    return ["reused"] * n_reused + ["earlier"] * (slot.n_past - n_reused - n_last) + ["last"] * n_last
+    n_last = min(n_last, slot.n_cached)
+    n_reused = min(slot.job.n_prompt_tokens_cache, slot.n_cached - n_last) if slot.job is not None else 0
+    return ["reused"] * n_reused + ["earlier"] * (slot.n_cached - n_reused - n_last) + ["last"] * n_last
 
 
 def strip(kinds: list[str], per_box: int) -> str:
@@ -129,24 +129,24 @@ def tail(text: str) -> str:
     return text if len(text) <= TEXT_TAIL else "…" + text[-TEXT_TAIL:]
 
 
-def slot_state(slot: Slot) -> str:
+def slot_state(slot: SlotStatus) -> str:
     """Idle, reading its prompt (k of n), or generating (tokens so far)."""
     if (job := slot.job) is None:
         return tr("idle")
-    r = job.request
-    if job.is_generating:
-        return tr("request #{id}, generating (tokens generated: {n})", id=r.id, n=len(r.output))
+    if job.status == "generating":
+        return tr("request #{id}, generating (tokens generated: {n})", id=job.id_task, n=job.n_decoded)
+    done = job.n_prompt_tokens_cache + job.n_prompt_tokens_processed
     return tr("request #{id}, reading its prompt: {done} of {n} tokens ({reused} reused)",
-              id=r.id, done=job.n_prompt_done, n=len(r.prompt), reused=r.timings.cache_n)  # fmt: skip
+              id=job.id_task, done=done, n=job.n_prompt_tokens, reused=job.n_prompt_tokens_cache)  # fmt: skip
 
 
-def slot_html(engine: Engine, slot: Slot, n_last: int, per_box: int) -> str:
+def slot_html(slot: SlotStatus, n_last: int, per_box: int, detokenize: Callable[[list[int]], str]) -> str:
     """A slot: its state, its KV cells as a strip, the end of its text (generated so far, or what an idle slot holds)."""
-    cells = tr("{n} of {n_ctx} cells", n=slot.n_past, n_ctx=slot.n_ctx)
+    cells = tr("{n} of {n_ctx} cells", n=slot.n_cached, n_ctx=slot.n_ctx)
     if slot.job is not None:
-        text = tr("text so far: {text}", text=tail(slot.job.request.text)) if slot.job.request.output else ""
+        text = tr("text so far: {text}", text=tail(detokenize(list(slot.tail)))) if slot.job.n_decoded else ""
     else:
-        text = tr("holds: {text}", text=tail(engine.model.detokenize(slot.cache_tokens[-TEXT_TAIL:]))) if slot.cache_tokens else ""
+        text = tr("holds: {text}", text=tail(detokenize(list(slot.tail)))) if slot.tail else ""
     return (
         f'<div class="slot" data-slot="{slot.id}"><b>{html.escape(tr("slot {id}", id=slot.id))}</b> · '
         f"{html.escape(slot_state(slot))} · {html.escape(cells)}<br>{strip(cell_kinds(slot, n_last), per_box)}"
@@ -174,21 +174,21 @@ def batch_html(step: StepRecord | None) -> str:
 
 
 def engine_html(engine: Engine) -> str:
-    """The engine between two steps, as HTML: the waiting queue, each slot and its KV cells, the last step's batch.
-
-    Read it only while no step runs (an engine created with ``start=False``): it reads the live slots.
-    """
+    """The engine at the end of its last step, as HTML: the waiting queue, each slot and its KV cells, the last
+    step's batch. It draws ``engine.status()``, the snapshot the engine publishes: never a step half done."""
+    status = engine.status()
     last = engine.steps[-1] if engine.steps else None
     # the cells the last step left: a rejected draft's are gone again
     written = {share.slot: share.n_tokens - share.n_draft + share.n_accepted for share in last.batch} if last is not None else {}
-    per_box = max(1, math.ceil(max(slot.n_past for slot in engine.slots) / MAX_BOXES))
-    waiting = ", ".join(tr("#{id} ({n} tokens)", id=r.id, n=len(r.prompt)) for r in engine.waiting) or tr("nobody")
+    per_box = max(1, math.ceil(max(slot.n_cached for slot in status.slots) / MAX_BOXES))
+    waiting = ", ".join(tr("#{id} ({n} tokens)", id=r.id, n=r.n_prompt) for r in status.waiting) or tr("nobody")
     labels = {"reused": tr("reused from the cache"), "earlier": tr("written by earlier steps"), "last": tr("written by the last step")}
     legend = " ".join(f'<i class="{kind}"></i> {html.escape(label)}' for kind, label in labels.items())
+    detokenize = engine.model.detokenize
     return (
         f'{STYLE}<div class="llmkit-engine">'
-        f"{html.escape(tr('steps so far: {n}; waiting for a slot: {waiting}', n=engine.counters.n_decode_total, waiting=waiting))}"
-        + "".join(slot_html(engine, slot, written.get(slot.id, 0), per_box) for slot in engine.slots)
+        f"{html.escape(tr('steps so far: {n}; waiting for a slot: {waiting}', n=status.counters.n_decode_total, waiting=waiting))}"
+        + "".join(slot_html(slot, written.get(slot.id, 0), per_box, detokenize) for slot in status.slots)
         + f"{legend} · {html.escape(tr('KV cells per box: {n}', n=per_box))}<br>{batch_html(last)}</div>"
     )
 

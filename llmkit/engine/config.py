@@ -6,8 +6,9 @@ set for the slots). The CLI builds one from its flags, the engine checks it once
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
+from llmkit.engine.scheduler import LlamaServerPolicy, Policy
 from llmkit.engine.speculative import SpecParams
 
 # Tokens per step beside a running stream, by default: a step that reads a prompt chunk costs about as much as
@@ -38,6 +39,9 @@ class EngineConfig:
 
     ``speculative``: draft-free speculative decoding (``--spec-type ngram-simple | ngram-mod``, off by
     default as in llama-server): ``llmkit.engine.speculative``.
+
+    ``policy`` (llmkit's own): who goes first, which slot a request gets, which running job makes room for it,
+    whose prompt fills a step first (``llmkit.engine.scheduler``: llama-server's rules, or your own).
     """
 
     n_parallel: int = -1  # -np
@@ -51,6 +55,11 @@ class EngineConfig:
     cache_reuse: int = 0  # --cache-reuse
     context_shift: bool = False  # --context-shift
     speculative: SpecParams = field(default_factory=SpecParams)  # --spec-type and its --spec-ngram-* settings
+    policy: Policy = field(default_factory=LlamaServerPolicy)  # llmkit's --scheduling-policy: llama-server's rules by default
+
+    def to_dict(self) -> dict:
+        """Every setting, as ``/props`` reports it (the policy by its name)."""
+        return asdict(replace(self, policy=LlamaServerPolicy())) | {"policy": self.policy.name}
 
     def resolved(self) -> EngineConfig:
         """Checked (``ValueError`` says what is wrong), with the automatic settings made concrete."""

@@ -14,10 +14,14 @@ Read it in the order llama-server runs (``llmkit.course.upstream.MAP`` pairs eac
 method with its C++ and says what differs):
 
 - ``loop`` ~ ``server_queue::start_loop``: wait for work, ``step``, again;
-  ``step`` is one turn: ``admit``, then ``update_slots``;
-- ``admit`` ~ ``process_single_task``: waiting requests into idle slots
-  (``scheduler.choose_slot`` ~ ``get_available_slot``, ``swap_prompt`` ~ its
-  prompt-cache update, ``Slot.start`` ~ ``launch_slot_with_task``: a ``Job``);
+  ``step`` is one turn: ``admit``, then ``update_slots``, then it publishes its ``status``
+  if a reader asked for it;
+- ``admit`` ~ ``process_single_task``: waiting requests into slots, as the scheduling
+  policy says (``scheduler.admission``; llama-server's policy by default:
+  ``choose_slot`` ~ ``get_available_slot``), ``preempt``ing a running job if the
+  policy gives a busy slot; ``launch`` ~ ``launch_slot_with_task``: ``swap_prompt``
+  (~ the prompt-cache update of get_available_slot), the slot keeps what it can of the
+  prompt (``Slot.reuse``), the request's run starts: a ``Job``;
 - ``update_slots`` ~ ``update_slots``: ``propose_drafts`` if the engine speculates
   (``llmkit.engine.speculative``), plan ONE batch from every job
   (``scheduler.build_batch`` ~ the batch building of ``pre_decode``), ``decode``
@@ -38,21 +42,22 @@ import time
 from collections import deque
 from dataclasses import replace
 from os import PathLike
-
-import numpy as np
+from typing import Any
 
 from llmkit import models
 from llmkit.engine.config import EngineConfig
 from llmkit.engine.job import Job
 from llmkit.engine.prompt_cache import PromptCache
-from llmkit.engine.request import ContextSizeError, End, EngineError, Request, RequestParams, Status, TokenLogprob
-from llmkit.engine.scheduler import Chunk, build_batch, choose_slot, swaps_prompt
+from llmkit.engine.request import ContextSizeError, End, EngineError, Outcome, Request, RequestParams, TokenLogprob
+from llmkit.engine.scheduler import Admission, Chunk, Running, admission, build_batch, swaps_prompt
 from llmkit.engine.slot import Slot
 from llmkit.engine.speculative import make_drafter
-from llmkit.engine.status import Counters, EngineStatus, Share, SlotStatus, StepRecord
+from llmkit.engine.status import Counters, EngineStatus, Share, SlotStatus, StepRecord, Waiting
 from llmkit.llama import Batch, Context, DecodeError, KVCacheFullError, Model
+from llmkit.timings import Timings
 
 log = logging.getLogger("llmkit.engine")
+STATUS_TAIL = 80  # tokens of each slot's end that a status carries (a picture of the slot shows them as text)
 
 
 class Engine:
@@ -84,14 +89,21 @@ class Engine:
             log.warning("speculative decoding is off: this model's memory cannot drop a rejected draft")
             self.config = replace(self.config, speculative=replace(config.speculative, type="none"))
         self.drafter = make_drafter(self.config.speculative)  # None: no speculation (--spec-type none)
+        self.policy = self.config.policy  # who goes first, which slot, who makes room (llama-server's rules by default)
         self.prompt_cache = PromptCache(config.cache_ram_mib, self.ctx.n_ctx) if config.cache_ram_mib != 0 else None
         self.slots = [Slot(i, self.ctx.n_ctx_seq) for i in range(config.n_parallel)]
         self.batch = Batch(self.ctx.n_batch)
-        self.waiting: deque[Request] = deque()
+        self.waiting: deque[Request] = deque()  # in arrival order (the policy orders them)
+        self.suspended: dict[int, Job] = {}  # preempted jobs, by request id: their requests wait again
         self.counters = Counters()
         self.steps: deque[StepRecord] = deque(maxlen=10_000)  # the last steps, for plots
-        self._cond = threading.Condition()
+        self.n_steps = 0  # turns of the loop so far
+        self._lock = threading.Lock()  # guards waiting, _closing and the published status
+        self._work = threading.Condition(self._lock)  # the loop waits on it for work
+        self._published = threading.Condition(self._lock)  # status readers wait on it for the next snapshot
         self._closing = False
+        self._status_asked = False
+        self._status = self._snapshot()
         self._thread: threading.Thread | None = None
         if start:
             self.start()
@@ -121,53 +133,75 @@ class Engine:
             params = replace(params, n_cache_reuse=self.config.cache_reuse)
         request = Request(prompt, params)
         request.on_cancel = self._wake
-        with self._cond:
+        with self._lock:
             if self._closing:
                 raise RuntimeError("the engine is closed")
             self.waiting.append(request)
-            self._cond.notify()
+            self._work.notify()
         return request
 
-    def complete(self, text: str, **options) -> Request:
+    def complete(self, text: str, **options: Any) -> Request:
         """Plain-text completion. ``options``: ``RequestParams.of``'s (max_tokens, temperature, cache_prompt, ...)."""
         return self.submit(self.model.tokenize(text), RequestParams.of(**options))
 
-    def chat(self, messages: list[dict], **options) -> Request:
+    def chat(self, messages: list[dict], **options: Any) -> Request:
         """Chat completion: ``messages`` rendered with the model's own chat template; ``options`` as ``complete``."""
         return self.submit(self.model.tokenize_chat(messages), RequestParams.of(**options))
 
     # --- what it tells -----------------------------------------------------------
 
     def status(self) -> EngineStatus:
-        """A frozen snapshot of the slots, the queue, the counters and the prompt cache.
+        """The engine at the end of a turn of its loop: slots, queue, counters and prompt cache, as values.
 
-        Between two steps it is exact. From another thread while the loop runs (the server's
-        routes), each slot's job is read once: one that ends meanwhile shows in the next snapshot.
+        While the engine's thread runs, the reader asks, and the thread publishes a snapshot at the end of its
+        current turn (at once if it has nothing to do): one step's state, never a step half done (llama-server
+        answers /slots and /metrics from its loop too). With no thread (stepped by hand, or closed) it is taken now.
         """
+        thread = self._thread
+        with self._lock:
+            if thread is None or thread is threading.current_thread() or not thread.is_alive():
+                return self._snapshot()
+            seen, self._status_asked = self._status, True
+            self._work.notify()
+            self._published.wait_for(lambda: self._status is not seen or self._closing)
+            return self._status
+
+    def _snapshot(self) -> EngineStatus:
+        """Taken where no step runs: on the engine's thread between two steps, or with no thread (under the lock)."""
         cache = self.prompt_cache.to_dict() if self.prompt_cache is not None else None
-        slots = tuple(SlotStatus.of(slot) for slot in self.slots)
-        return EngineStatus(self.config, slots, len(self.waiting), self.counters.copy(), cache)
+        slots = tuple(SlotStatus.of(slot, n_tail=STATUS_TAIL) for slot in self.slots)
+        waiting = tuple(Waiting(r.id, len(r.prompt), r.params.priority) for r in self.waiting)
+        return EngineStatus(self.config, slots, waiting, self.counters.copy(), cache, self.n_steps, time.perf_counter())
+
+    def _publish(self) -> None:
+        """(Engine thread, under the lock.) A reader asked for the status since the last one: take it now."""
+        if self._status_asked:
+            self._status, self._status_asked = self._snapshot(), False
+            self._published.notify_all()
 
     # --- the loop ----------------------------------------------------------------
 
     def _wake(self) -> None:
-        with self._cond:
-            self._cond.notify()
+        with self._lock:
+            self._work.notify()
 
     def _has_work(self) -> bool:
         return self._closing or any(not s.is_idle for s in self.slots) or bool(self.waiting)
 
-    def _wait_for_work(self) -> bool:
-        with self._cond:
-            self._cond.wait_for(self._has_work)
-            return not self._closing
-
     def loop(self) -> None:
-        while self._wait_for_work():
+        """Wait for work (answering status readers meanwhile), step, again, until closed (server_queue::start_loop)."""
+        while True:
+            with self._lock:
+                self._work.wait_for(lambda: self._has_work() or self._status_asked)
+                self._publish()
+                if self._closing:
+                    return
+                if not self._has_work():
+                    continue
             self.step()
 
     def step(self) -> StepRecord | None:
-        """One turn of the loop: waiting requests into idle slots, then one batch (None: nothing to decode).
+        """One turn of the loop: waiting requests into slots, then one batch (None: nothing to decode).
 
         An exception here is a bug: it is logged, the requests running fail, and the loop goes on.
         """
@@ -175,32 +209,80 @@ class Engine:
             raise RuntimeError("the engine's thread runs its loop: to step by hand, create it with Engine(..., start=False)")
         try:
             self.admit()
-            return self.update_slots()
+            record = self.update_slots()
         except Exception:
             log.exception("engine step failed")
             self._fail_busy(EngineError("internal engine error (see the server log)"))
-            return None
+            record = None
+        with self._lock:
+            self.n_steps += 1
+            self._publish()
+        return record
 
     def admit(self) -> None:
-        """Move queued requests into idle slots, first come first served (process_single_task)."""
-        while (admission := self._next_admission()) is not None:
-            slot, request = admission
+        """Move waiting requests into slots, as the policy orders them (process_single_task)."""
+        while (found := self._next_admission()) is not None:
+            if found.preempt:
+                self.preempt(found.slot)
             try:  # outside the lock: building a grammar sampler can take a while
-                self.swap_prompt(slot, request)
-                slot.start(request, self.ctx, self.model)
-                request.wake()  # a streamed answer can send its status line now (llama-server: the begin result)
+                self.launch(found.slot, found.request)
             except Exception as exc:  # noqa: BLE001 -- a bad sampler (a grammar) or a failed prompt-cache copy fails this request alone
-                slot.release(self.ctx)
-                self._fail(request, exc)
+                found.slot.release(self.ctx)
+                self._drop(found.request, error=exc)
             self.save_idle_slots()
 
-    def swap_prompt(self, slot: Slot, request: Request) -> None:
-        """Before ``slot`` loses its prompt, copy it to RAM; bring back the cached prompt that serves
-        ``request`` best (llama-server: the prompt-cache update at the end of get_available_slot)."""
-        if self.prompt_cache is not None and swaps_prompt(slot, request):
+    def _next_admission(self) -> Admission | None:
+        with self._lock:
+            for request in [r for r in self.waiting if r.cancelled]:
+                self.waiting.remove(request)
+                self._drop(request)
+            found = admission(self.waiting, self.slots, self.policy, self.tokens_of)
+            if found is not None:
+                self.waiting.remove(found.request)
+            return found
+
+    def tokens_of(self, request: Request) -> list[int]:
+        """What ``request`` needs in its slot's KV cache: its prompt (after a preemption, its prompt and what it generated)."""
+        job = self.suspended.get(request.id)
+        return request.prompt if job is None else [*request.prompt, *job.output]
+
+    def launch(self, slot: Slot, request: Request) -> None:
+        """Start ``request`` on ``slot``, or go on with its preempted job (llama-server: launch_slot_with_task): the slot
+        keeps what it holds of the request's tokens (a prefix, chunks moved into place), its job reads the rest."""
+        tokens, params = self.tokens_of(request), request.params
+        self.swap_prompt(slot, tokens, request)
+        n_keep, n_moved = slot.reuse(self.ctx, tokens, params.cache_prompt, params.n_cache_reuse)
+        job = self.suspended.pop(request.id, None)
+        if job is None:
+            job = Job.start(request, self.model, n_keep, n_moved)  # may raise: the request fails alone
+        else:
+            job.resume(n_keep)
+        slot.job = job
+        request.start(slot.id, job.n_cached)  # a streamed answer can send its status line now
+
+    def swap_prompt(self, slot: Slot, tokens: list[int], request: Request) -> None:
+        """Before ``slot`` loses its prompt, copy it to RAM; bring back the cached prompt that serves ``tokens``
+        best (llama-server: the prompt-cache update at the end of get_available_slot)."""
+        if self.prompt_cache is not None and swaps_prompt(slot, tokens, request.params):
             slot.save_prompt(self.prompt_cache, self.ctx)
-            slot.load_prompt(self.prompt_cache, self.ctx, request.prompt)
+            slot.load_prompt(self.prompt_cache, self.ctx, tokens)
             self.prompt_cache.update()
+
+    def preempt(self, slot: Slot) -> None:
+        """Take the job off ``slot`` for a request that goes first (llmkit's; llama-server never preempts): its KV cache
+        goes to the prompt cache (when the cache takes it; else the job reads it again when it goes on), the job waits
+        in ``suspended``, its request in the queue at its place of arrival, its stream paused."""
+        job = slot.job
+        assert job is not None, "only a busy slot is preempted"
+        if self.prompt_cache is not None and slot.save_prompt(self.prompt_cache, self.ctx):
+            self.prompt_cache.update()
+        slot.release(self.ctx)
+        job.request.suspend()
+        self.suspended[job.request.id] = job
+        self.counters.record_preemption()
+        with self._lock:
+            later = next((i for i, r in enumerate(self.waiting) if r.id > job.request.id), len(self.waiting))
+            self.waiting.insert(later, job.request)
 
     def save_idle_slots(self) -> None:
         """Copy every idle slot's prompt to RAM; on a unified KV cache, also free its cells for the
@@ -218,23 +300,12 @@ class Engine:
                 if self.config.kv_unified:
                     slot.clear_prompt(self.ctx)
 
-    def _next_admission(self) -> tuple[Slot, Request] | None:
-        with self._cond:
-            for request in list(self.waiting):
-                if request.cancelled:
-                    self.waiting.remove(request)
-                    request.finish(End.CANCELLED)
-                elif (slot := choose_slot(self.slots, request)) is not None:
-                    self.waiting.remove(request)
-                    return slot, request
-        return None
-
     def update_slots(self) -> StepRecord | None:
         """One batch: plan it from every job, decode it, commit it, sample each job that asked (update_slots)."""
         t0 = time.perf_counter()
         self.prepare_slots()
-        self.propose_drafts()
-        plan = build_batch(self.slots, self.batch.capacity, self.config.step_tokens)
+        busy = [(slot, slot.job) for slot in self.slots if slot.job is not None]
+        plan = build_batch(busy, self.batch.capacity, self.config.step_tokens, self.propose_drafts(busy), self.policy.prompt_order)
         if not plan:
             return None
         self.fill_batch(plan)
@@ -244,7 +315,7 @@ class Engine:
         decode_seconds = time.perf_counter() - t_decode
         self.commit(plan)
         sampling = [chunk for chunk in plan if chunk.i_logits >= 0]
-        accepted = {chunk.job.slot.id: self.sample(chunk) for chunk in sampling}
+        accepted = {chunk.slot.id: self.sample(chunk) for chunk in sampling}
         for chunk in sampling:  # after every sampler: consumers' event loops run during the next decode
             chunk.job.request.wake()
         return self.record(plan, accepted, t0, decode_seconds)
@@ -256,25 +327,31 @@ class Engine:
             if (job := slot.job) is None:
                 continue
             if job.request.cancelled:
-                self.finish(job, End.CANCELLED)
+                self.finish(slot, job, End.CANCELLED)
             elif self.config.context_shift and job.is_generating and slot.n_past >= slot.n_ctx:
-                slot.shift_context(self.ctx, self.model.add_bos)
+                params = job.request.params
+                n_keep = len(job.request.prompt) if params.n_keep < 0 else params.n_keep
+                slot.shift_context(self.ctx, n_keep + self.model.add_bos)
+                job.truncated = True
 
-    def propose_drafts(self) -> None:
-        """Each stream guesses the tokens after the one it sampled; ``build_batch`` puts the guess behind it
+    def propose_drafts(self, busy: list[Running]) -> dict[int, list[int]]:
+        """Each stream guesses the tokens after the one it sampled, by slot id; ``build_batch`` puts the guess behind it
         (llama-server: the drafting in update_slots, ``common_speculative_draft``). A draft stays within
         the slot's context, the request's ``max_tokens``, its share of the batch and its draft window (``--spec-slow-start``)."""
         if self.drafter is None:
-            return
-        streams = [slot.job for slot in self.slots if slot.job is not None and slot.job.is_generating]
+            return {}
+        streams = [(slot, job) for slot, job in busy if job.is_generating]
         share = self.batch.capacity // max(len(streams), 1) - 1
-        for job in streams:
-            slot, params = job.slot, job.request.params
+        drafts = {}
+        for slot, job in streams:
+            params = job.request.params
             wanted = self.config.speculative.n_max if params.n_draft_max is None else params.n_draft_max
             n_max = min(wanted, job.draft_window, share, slot.n_ctx - slot.n_past - 2)
             if params.max_tokens > 0:
-                n_max = min(n_max, params.max_tokens - len(job.request.output) - 1)
-            job.draft = self.drafter.draft(slot.id, slot.cache_tokens, job.last_token, n_max) if n_max > 0 else []
+                n_max = min(n_max, params.max_tokens - len(job.output) - 1)
+            if n_max > 0:
+                drafts[slot.id] = self.drafter.draft(slot.id, slot.cache_tokens, job.last_token, n_max)
+        return drafts
 
     def decode(self, plan: list[Chunk]) -> bool:
         """``llama_decode`` the plan; when the KV cache is full, clear idle slots one by one and retry
@@ -291,8 +368,8 @@ class Engine:
             except DecodeError as exc:
                 error = exc
             for chunk in plan:
-                self.ctx.seq_rm(chunk.job.slot.id, chunk.pos, -1)  # cells a failed decode may have written
-                self.fail(chunk.job, EngineError(str(error)))
+                self.ctx.seq_rm(chunk.slot.id, chunk.pos, -1)  # cells a failed decode may have written
+                self.fail(chunk.slot, chunk.job, EngineError(str(error)))
             return False
 
     def fill_batch(self, plan: list[Chunk]) -> None:
@@ -301,19 +378,21 @@ class Engine:
         for chunk in plan:
             first_logits = len(chunk.tokens) - len(chunk.logit_rows)  # the last token's, or with a draft every one's
             for k, token in enumerate(chunk.tokens):
-                self.batch.add(token, chunk.pos + k, chunk.job.slot.id, logits=k >= first_logits)
+                self.batch.add(token, chunk.pos + k, chunk.slot.id, logits=k >= first_logits)
 
     def commit(self, plan: list[Chunk]) -> None:
-        """The decode succeeded: its tokens are in the KV cache now, so in ``cache_tokens`` too."""
+        """The decode succeeded: its tokens are in the KV cache now, so in each slot's ``cache_tokens`` too. A job whose
+        prompt is now all in starts speculating from it (llama-server: common_speculative_begin)."""
         for chunk in plan:
-            chunk.job.slot.cache_tokens.extend(chunk.tokens)
+            chunk.slot.append(chunk.tokens)
             if chunk.is_prompt:
-                chunk.job.n_prompt_done += len(chunk.tokens)
+                chunk.job.read(len(chunk.tokens))
+                if chunk.job.is_generating and self.drafter is not None:
+                    self.drafter.begin(chunk.slot.id, chunk.slot.cache_tokens)
+                    chunk.job.draft_window = self.config.speculative.first_window
 
     def record(self, plan: list[Chunk], accepted: dict[int, int], t0: float, decode_seconds: float) -> StepRecord:
-        batch = tuple(
-            Share(c.job.slot.id, len(c.tokens), c.is_prompt, c.i_logits >= 0, len(c.draft), accepted.get(c.job.slot.id, 0)) for c in plan
-        )
+        batch = tuple(Share(c.slot.id, len(c.tokens), c.is_prompt, c.i_logits >= 0, len(c.draft), accepted.get(c.slot.id, 0)) for c in plan)
         n_prompt = sum(share.n_tokens for share in batch if share.is_prompt)
         n_generated = sum(share.n_tokens for share in batch if not share.is_prompt)
         step = StepRecord(t0, time.perf_counter() - t0, decode_seconds, n_prompt, n_generated, len(plan), batch)
@@ -339,122 +418,118 @@ class Engine:
         (llama-server: common_sampler_sample_and_accept_n): every draft token confirmed is a token
         gained, the first one that differs is the step's own. Returns how many draft tokens were accepted.
         """
-        job, draft = chunk.job, chunk.draft
+        slot, job, draft = chunk.slot, chunk.job, chunk.draft
         n_probs = job.request.params.n_probs
         sampled: list[tuple[int, TokenLogprob | None]] = []
         try:
             for k, row in enumerate(chunk.logit_rows):
                 token = job.sampler.sample(self.ctx, row)
-                sampled.append((token, self._logprobs(row, token, n_probs) if n_probs else None))
+                sampled.append((token, TokenLogprob(token, *self.ctx.logprobs(row, token, n_probs)) if n_probs else None))
                 if k == len(draft) or token != draft[k] or self.model.is_eog(token):
                     break
         except Exception as exc:  # noqa: BLE001 -- a sampler that fails ends its own request, not the engine
-            self.fail(job, EngineError(f"sampling failed: {exc}"))
+            self.fail(slot, job, EngineError(f"sampling failed: {exc}"))
             return 0
         n_accepted = len(sampled) - 1
         if draft:
-            self.accept_draft(job, chunk, n_accepted)
+            self.accept_draft(slot, job, chunk, n_accepted)
         for token, logprobs in sampled:
-            self.process_token(job, token, logprobs)
+            self.process_token(slot, job, token, logprobs)
             if job.request.done:
                 break
         return n_accepted
 
-    def accept_draft(self, job: Job, chunk: Chunk, n_accepted: int) -> None:
+    def accept_draft(self, slot: Slot, job: Job, chunk: Chunk, n_accepted: int) -> None:
         """Keep the draft's first ``n_accepted`` tokens in the KV cache: the rest leave it (llama-server: the
         speculative accept in update_slots, ``keep_first`` and ``seq_rm``)."""
-        job.slot.truncate(self.ctx, chunk.pos + 1 + n_accepted)
-        job.draft = []
-        timings = job.request.timings
-        timings.draft_n += len(chunk.draft)
-        timings.draft_n_accepted += n_accepted
+        slot.truncate(self.ctx, chunk.pos + 1 + n_accepted)
+        job.accept_draft(len(chunk.draft), n_accepted)
         self.counters.record_draft(len(chunk.draft), n_accepted)
         job.draft_window = self.config.speculative.next_window(n_accepted)
         if self.drafter is not None:
-            self.drafter.accept(job.slot.id, len(chunk.draft), n_accepted)
+            self.drafter.accept(slot.id, len(chunk.draft), n_accepted)
 
-    def process_token(self, job: Job, token: int, logprobs: TokenLogprob | None) -> None:
+    def process_token(self, slot: Slot, job: Job, token: int, logprobs: TokenLogprob | None) -> None:
         """Check a sampled token, then deliver it or finish the request (llama-server: process_token)."""
-        request = job.request
-        if request.status is Status.PROMPT:
-            request.first_token()
-            if self.drafter is not None:
-                self.drafter.begin(job.slot.id, job.slot.cache_tokens)
-                job.draft_window = self.config.speculative.first_window
-        if request.params.max_tokens == 0:  # prompt only (llama-server's n_predict = 0)
-            self.finish(job, End.LIMIT)
+        if job.request.params.max_tokens == 0:  # prompt only (llama-server's n_predict = 0)
+            self.finish(slot, job, End.LIMIT)
         elif self.model.is_eog(token):
-            self.finish(job, End.EOS)
+            self.finish(slot, job, End.EOS)
         else:
             self.deliver(job, job.push(token, logprobs))
-            self.check_end(job)
+            self.check_end(slot, job)
 
-    def check_end(self, job: Job) -> None:
+    def check_end(self, slot: Slot, job: Job) -> None:
         """After a token: a stop string, max_tokens or a full slot end the request."""
-        request, slot = job.request, job.slot
         if job.stops.stopped:
-            request.stopping_word = job.stops.word
-            self.finish(job, End.WORD)
-        elif len(request.output) == request.params.max_tokens or (slot.n_past >= slot.n_ctx and not self.config.context_shift):
-            request.truncated |= slot.n_past >= slot.n_ctx
-            self.finish(job, End.LIMIT)
+            self.finish(slot, job, End.WORD)
+        elif len(job.output) == job.request.params.max_tokens or (slot.n_past >= slot.n_ctx and not self.config.context_shift):
+            job.truncated |= slot.n_past >= slot.n_ctx
+            self.finish(slot, job, End.LIMIT)
 
     def deliver(self, job: Job, text: str) -> None:
         """Send text with the tokens (and logprobs) it came from; held-back tokens wait for their text."""
         if text:
             job.request.emit(job.take(text))
 
-    def finish(self, job: Job, end: End) -> None:
-        """End the job's request: flush held-back text, close its timings, free the slot."""
+    def finish(self, slot: Slot, job: Job, end: End) -> None:
+        """End the job's request: flush held-back text, write its outcome (once), free the slot."""
         if end is not End.CANCELLED and not job.stops.stopped:
             self.deliver(job, job.flush())
-        self._leave(job, ok=True)
-        job.request.finish(end)
+        outcome = job.outcome(end, slot.id, tokens_cached=slot.n_past)
+        self._leave(slot, job, outcome.timings, ok=True)
+        job.request.finish(outcome)
 
-    def fail(self, job: Job, error: BaseException, *, keep_cache: bool = True) -> None:
+    def fail(self, slot: Slot, job: Job, error: BaseException, *, keep_cache: bool = True) -> None:
         """The job cannot go on: its request ends with ``error``, the slot is free."""
-        self._leave(job, ok=False, keep_cache=keep_cache)
+        self._leave(slot, job, job.timings(), ok=False, keep_cache=keep_cache)
         self._fail(job.request, error)
 
-    def _leave(self, job: Job, *, ok: bool, keep_cache: bool = True) -> None:
-        job.request.n_cached = job.slot.n_past
-        job.request.end_timings()
-        self.counters.record_finish(job.request.timings, ok=ok)
-        job.slot.release(self.ctx, keep_cache=keep_cache)
+    def _leave(self, slot: Slot, job: Job, timings: Timings, *, ok: bool, keep_cache: bool = True) -> None:
+        self.counters.record_finish(timings, ok=ok)
+        job.sampler.close()
+        slot.release(self.ctx, keep_cache=keep_cache)
 
     def _fail(self, request: Request, error: BaseException) -> None:
         log.warning("request %d failed: %s", request.id, error)
         self.counters.record_failure()
-        request.finish(None, error)
+        request.fail(error)
+
+    def _drop(self, request: Request, error: BaseException | None = None) -> None:
+        """A request leaves the queue without a slot: cancelled (``error`` None) or failed. A preempted one's job ends too."""
+        job = self.suspended.pop(request.id, None)
+        if job is not None:
+            job.sampler.close()
+        if error is not None:
+            self._fail(request, error)
+        elif job is not None:
+            outcome = job.outcome(End.CANCELLED, None, tokens_cached=0)
+            self.counters.record_finish(outcome.timings, ok=True)
+            request.finish(outcome)
+        else:
+            request.finish(Outcome(End.CANCELLED, (), len(request.prompt), 0, Timings()))
 
     def _fail_busy(self, error: BaseException) -> None:
         for slot in self.slots:
             if slot.job is not None:
-                self.fail(slot.job, error, keep_cache=False)
-
-    def _logprobs(self, i: int, token: int, n_probs: int) -> TokenLogprob:
-        logits = np.ctypeslib.as_array(self.ctx.logits(i))
-        shifted = logits - logits.max()
-        logp = shifted - np.log(np.exp(shifted).sum())
-        top = np.argpartition(-logp, n_probs)[:n_probs]
-        top = top[np.argsort(-logp[top])]
-        return TokenLogprob(token, float(logp[token]), [(int(t), float(logp[t])) for t in top])
+                self.fail(slot, slot.job, error, keep_cache=False)
 
     # --- shutdown --------------------------------------------------------------
 
     def close(self) -> None:
         """Stop the loop, end every request still in flight, free llama.cpp's memory."""
-        with self._cond:
+        with self._lock:
             if self._closing:
                 return
             self._closing = True
-            self._cond.notify()
+            self._work.notify()
+            self._published.notify_all()
         if self._thread is not None:
             self._thread.join()
         stopped = EngineError("the engine was stopped")
         self._fail_busy(stopped)
         while self.waiting:
-            self._fail(self.waiting.popleft(), stopped)
+            self._drop(self.waiting.popleft(), error=stopped)
         self.batch.close()
         self.ctx.close()
         self._close_model()

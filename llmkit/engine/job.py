@@ -1,48 +1,76 @@
-"""The work running on a slot: one request and what generating it needs (~ the per-task half of llama-server's
-``server_slot``: its ``task``, ``smpl``, ``n_decoded``, ``generated_text``, ``sampled``).
+"""The run of one request on a slot: what generating it needs and what it has done so far (~ the per-task half of
+llama-server's ``server_slot``: its ``task``, ``smpl``, ``n_decoded``, ``generated_text``, ``sampled``, its timings).
 
-A ``Job`` exists only while its request holds a slot (``Slot.start`` makes it, ``Slot.release`` drops it), so
-nothing in it is ever None: the slot's ``job`` is, and the engine narrows it once.
+A ``Job`` starts when its request gets a slot (``Job.start``) and lives until the request ends. It knows
+nothing of the slot it runs on: the slot points at its job (``Slot.job``), never the other way, and a step's
+plan carries both (``scheduler.Chunk``). So a job can leave its slot and come back on another
+(``Engine.preempt``, ``Job.resume``), with its sampler, detokenizer and stop strings as they were.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from llmkit.engine.request import Piece, Request, Status, TokenLogprob
-from llmkit.llama import Sampler
+from llmkit.engine.request import End, Outcome, Piece, Request, TokenLogprob
+from llmkit.llama import Model, Sampler
 from llmkit.text import Detokenizer, StopMatcher
-
-if TYPE_CHECKING:
-    from llmkit.engine.slot import Slot
+from llmkit.timings import Timings
 
 
 @dataclass
 class Job:
     request: Request
-    slot: Slot  # where it runs
     sampler: Sampler
     detok: Detokenizer
     stops: StopMatcher
-    n_prompt_done: int  # prompt tokens in the KV cache (after a step commits them)
+    context: list[int]  # what the slot must hold before the next token is sampled: the prompt (after a preemption: prompt + output)
+    n_prompt_done: int = 0  # of ``context``, tokens in the KV cache (a step's commit adds its chunk)
+    n_cached: int = 0  # prompt tokens reused from the KV cache when it started ...
+    n_moved: int = 0  # ... of which moved into place (--cache-reuse)
+    output: list[int] = field(default_factory=list)  # tokens generated so far
     last_token: int = -1  # sampled, not yet decoded
-    draft: list[int] = field(default_factory=list)  # guessed to follow last_token, for this step to verify (speculation)
+    truncated: bool = False  # its slot's context filled (a context shift dropped part of it)
     draft_window: int = 0  # the longest draft it may propose next (SpecParams.next_window)
+    draft_n: int = 0  # speculation: tokens drafted ...
+    draft_n_accepted: int = 0  # ... and accepted
     pending_tokens: list[int] = field(default_factory=list)  # sampled, text still held back (half a character, maybe a stop string)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    t_start: float = field(default_factory=time.perf_counter)
+    t_first: float = 0.0  # its first token (0: none yet)
+
+    @classmethod
+    def start(cls, request: Request, model: Model, n_keep: int, n_moved: int) -> Job:
+        """The job of ``request`` on a slot that holds its prompt's first ``n_keep`` tokens (``n_moved`` of them moved
+        into place). Building the sampler may raise (a grammar): the engine then fails the request alone."""
+        params = request.params
+        sampler = Sampler(model, params.sampling)
+        detok, stops = Detokenizer(model.token_to_piece), StopMatcher(params.stop)
+        return cls(request, sampler, detok, stops, request.prompt, n_keep, n_cached=n_keep, n_moved=min(n_moved, n_keep))
+
+    def resume(self, n_keep: int) -> None:
+        """Go on after a preemption, on a slot holding the first ``n_keep`` tokens of what it had read and generated."""
+        self.context = [*self.request.prompt, *self.output]
+        self.n_prompt_done = n_keep
 
     @property
     def is_generating(self) -> bool:
-        return self.request.status is Status.GENERATING
+        """Its context is in the KV cache: each step now decodes the token it sampled last."""
+        return self.n_prompt_done == len(self.context)
 
     @property
     def prompt_left(self) -> list[int]:
-        return self.request.prompt[self.n_prompt_done :]
+        return self.context[self.n_prompt_done :]
+
+    def read(self, n: int) -> None:
+        """A step committed ``n`` more tokens of its context to the KV cache."""
+        self.n_prompt_done += n
 
     def push(self, token: int, logprobs: TokenLogprob | None) -> str:
         """Take a sampled token; return the text now ready (whole characters, no part of a stop string)."""
-        self.request.output.append(token)
+        if not self.t_first:
+            self.t_first = time.perf_counter()  # the prompt phase ends here
+        self.output.append(token)
         self.last_token = token
         self.pending_tokens.append(token)
         if logprobs is not None:
@@ -58,3 +86,27 @@ class Job:
         piece = Piece(text, self.pending_tokens, self.pending_logprobs)
         self.pending_tokens, self.pending_logprobs = [], []
         return piece
+
+    def accept_draft(self, n_drafted: int, n_accepted: int) -> None:
+        self.draft_n += n_drafted
+        self.draft_n_accepted += n_accepted
+
+    def timings(self, now: float | None = None) -> Timings:
+        """Its timings so far (llama-server's ``timings``): the prompt phase ends at its first token."""
+        now = time.perf_counter() if now is None else now
+        t_first = self.t_first or now
+        return Timings(
+            cache_n=self.n_cached, n_cache_reuse=self.n_moved, prompt_n=len(self.request.prompt) - self.n_cached,
+            prompt_ms=(t_first - self.t_start) * 1e3, predicted_n=len(self.output),
+            predicted_ms=(now - self.t_first) * 1e3 if self.t_first else 0.0,
+            draft_n=self.draft_n, draft_n_accepted=self.draft_n_accepted,
+        )  # fmt: skip
+
+    def outcome(self, end: End, id_slot: int | None, tokens_cached: int) -> Outcome:
+        """How it ended, once: the request's ``Outcome`` (on slot ``id_slot``, holding ``tokens_cached`` tokens)."""
+        now = time.perf_counter()
+        word = self.stops.word if end is End.WORD else ""
+        return Outcome(
+            end, tuple(self.output), len(self.request.prompt), self.n_cached, self.timings(now), word, self.truncated,
+            id_slot, tokens_cached, self.t_start, self.t_first, now,
+        )  # fmt: skip

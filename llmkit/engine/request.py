@@ -1,13 +1,13 @@
-"""One request: what it asks (``RequestParams``), how it ends (``End``), and its state from submission to its
-last token (~ llama-server's ``task_params``, ``stop_type`` and ``server_task`` + its result reader).
+"""One request: what it asks (``RequestParams``), how it ended (``Outcome``, ``End``), and the channel from the engine
+thread to its reader (~ llama-server's ``task_params``, ``stop_type``, and ``server_task`` + its result reader).
 
-The engine thread is the only writer: it fills in the status, timings and
-pieces, and ``emit``s events. The consumer (a thread, an
-asyncio task, an HTTP handler) only reads them, by iterating the request:
+The engine thread is the only writer: it starts the request on a slot, ``emit``s pieces of text, and ends it
+once, with ``finish(outcome)`` or ``fail(error)``. The consumer (a thread, an asyncio task, an HTTP handler)
+only reads, by iterating the request:
 
     for piece in request:          # or: async for piece in request
         print(piece.text, end="")
-    request.finish_reason, request.timings
+    request.outcome.end, request.outcome.timings
 
 Leaving the loop early (``break``, an exception, a closed connection)
 cancels the request; the engine frees its slot at the next step.
@@ -31,28 +31,46 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from llmkit.llama import SamplingParams
+from llmkit.timings import Timings
 
 _ids = itertools.count(1)
 
 
 class Status(enum.Enum):
-    WAITING = "waiting"  # in the queue: every slot is busy
-    PROMPT = "prompt"  # in a slot, its prompt being evaluated
-    GENERATING = "generating"
+    WAITING = "waiting"  # in the queue: every slot is busy (or it was preempted and waits to go on)
+    RUNNING = "running"  # on a slot
     DONE = "done"
 
 
 class End(enum.Enum):
-    """Why a request ended: its OpenAI ``finish_reason`` and llama-server's ``stop_type`` (``enum stop_type``)."""
+    """Why a request ended (llama-server: ``enum stop_type``). Each API names it in its own words (its table)."""
 
-    EOS = ("stop", "eos")  # the model wrote an end-of-generation token
-    WORD = ("stop", "word")  # a stop string
-    LIMIT = ("length", "limit")  # max_tokens, or a full context
-    CANCELLED = ("cancelled", "none")  # the client left
+    EOS = enum.auto()  # the model wrote an end-of-generation token
+    WORD = enum.auto()  # a stop string
+    LIMIT = enum.auto()  # max_tokens, or a full context
+    CANCELLED = enum.auto()  # the client left
 
-    def __init__(self, finish_reason: str, stop_type: str):
-        self.finish_reason = finish_reason
-        self.stop_type = stop_type
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a request ended: written once, by the engine, when its job leaves the slot (``Engine.finish``)."""
+
+    end: End
+    output: tuple[int, ...]  # every token generated, a stop string's included (llama-server's ``tokens``)
+    n_prompt: int  # prompt tokens ...
+    n_cached: int  # ... of which reused from the KV cache (``timings.cache_n``)
+    timings: Timings
+    stopping_word: str = ""  # the stop string that ended it (End.WORD)
+    truncated: bool = False  # it filled its slot's context (and went on past it by a context shift, or ended)
+    id_slot: int | None = None  # the slot it ended on (None: it never had one)
+    tokens_cached: int = 0  # tokens in that slot's KV cache when it ended (llama-server: tokens_cached)
+    t_start: float = 0.0  # time.perf_counter() when it got a slot (0: never) ...
+    t_first: float = 0.0  # ... its first token (0: none) ...
+    t_end: float = 0.0  # ... and when it left its slot: where the request sits on a timeline (Request.t_submit)
+
+    @property
+    def n_output(self) -> int:
+        return len(self.output)
 
 
 @dataclass(frozen=True)
@@ -70,6 +88,8 @@ class RequestParams:
     n_keep: int = 0  # prompt tokens a context shift keeps (-1: the whole prompt)
     n_cache_reuse: int | None = None  # move cached chunks of at least this many tokens into place (None: the engine's)
     n_draft_max: int | None = None  # speculation: at most this many draft tokens a step (None: the engine's; 0: none)
+    priority: int = 0  # llmkit's (vLLM's field): lower goes first under the priority policy, and may preempt
+    tenant: str = ""  # llmkit's: who the request is for (the fair-share policy shares the slots among tenants)
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
     @classmethod
@@ -102,40 +122,6 @@ class ContextSizeError(ValueError):
 
 
 @dataclass
-class Timings:
-    """llama-server's per-request ``timings`` object."""
-
-    cache_n: int = 0  # prompt tokens reused from the slot's KV cache (from the prefix and moved chunks)
-    n_cache_reuse: int = 0  # llmkit's own: of those, tokens of chunks moved into place (--cache-reuse)
-    prompt_n: int = 0  # prompt tokens evaluated
-    prompt_ms: float = 0.0
-    predicted_n: int = 0
-    predicted_ms: float = 0.0
-    draft_n: int = 0  # tokens drafted by speculation (llama-server reports these two only when it drafted)
-    draft_n_accepted: int = 0  # of which the model sampled too: each one a token without a step of its own
-
-    def to_dict(self) -> dict:
-        def per(n: int, ms: float) -> tuple[float, float]:
-            return (ms / n if n else 0.0, 1e3 * n / ms if ms > 0 else 0.0)
-
-        prompt_per_token_ms, prompt_per_second = per(self.prompt_n, self.prompt_ms)
-        # over decode steps, as llama-server: the first token comes from the prompt's last step, not a step of its own
-        predicted_per_token_ms, predicted_per_second = per(max(self.predicted_n - 1, 0), self.predicted_ms)
-        return {
-            "cache_n": self.cache_n,
-            "n_cache_reuse": self.n_cache_reuse,
-            "prompt_n": self.prompt_n,
-            "prompt_ms": self.prompt_ms,
-            "prompt_per_token_ms": prompt_per_token_ms,
-            "prompt_per_second": prompt_per_second,
-            "predicted_n": self.predicted_n,
-            "predicted_ms": self.predicted_ms,
-            "predicted_per_token_ms": predicted_per_token_ms,
-            "predicted_per_second": predicted_per_second,
-        } | ({"draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted} if self.draft_n else {})
-
-
-@dataclass
 class TokenLogprob:
     token: int
     logprob: float
@@ -155,23 +141,20 @@ _END: Any = object()  # the end marker: travels in the queue of pieces, is never
 
 
 class Request:
+    """One request's inputs, where it runs, how it ended, and the channel its pieces travel through."""
+
     def __init__(self, prompt: list[int], params: RequestParams | None = None):
         self.id = next(_ids)
         self.prompt = prompt
         self.params = params or RequestParams()
+        self.t_submit = time.perf_counter()
 
         self.status = Status.WAITING
-        self.slot_id: int | None = None  # the slot it got (llama-server: slot.id)
-        self.output: list[int] = []
-        self.text_parts: list[str] = []
-        self.end: End | None = None  # how it ended (None: not yet, or failed: ``error``)
-        self.stopping_word = ""  # the stop string that ended it
-        self.truncated = False  # it filled its slot's context
-        self.n_cached = 0  # tokens in its slot's KV cache when it ended (llama-server: tokens_cached)
+        self.id_slot: int | None = None  # the slot it runs on (llama-server: slot.id; None while it waits)
+        self.n_cached = 0  # prompt tokens its slot held when it started (llama-server: n_prompt_tokens_cache)
+        self.outcome: Outcome | None = None  # how it ended (None: not yet, or it failed: ``error``)
         self.error: BaseException | None = None
-        self.timings = Timings()
-        self.t_submit = time.perf_counter()
-        self.t_start = self.t_first = 0.0
+        self.text_parts: list[str] = []  # what was emitted, for ``text``
 
         self._cancelled = threading.Event()
         self.on_cancel: Callable[[], None] | None = None  # set by the engine: wakes its loop
@@ -180,36 +163,34 @@ class Request:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
 
-    # --- engine side -------------------------------------------------------
-    # The request writes its own status and timings; the engine calls these at each phase.
+    # --- engine side: the engine thread calls these ------------------------------
 
-    def start(self, slot_id: int, n_cached: int, n_moved: int) -> None:
-        """It got a slot that holds its first ``n_cached`` tokens (``n_moved`` of them moved into place)."""
-        self.slot_id, self.status, self.t_start = slot_id, Status.PROMPT, time.perf_counter()
-        self.timings.cache_n, self.timings.n_cache_reuse = n_cached, n_moved
-        self.timings.prompt_n = len(self.prompt) - n_cached
+    def start(self, id_slot: int, n_cached: int) -> None:
+        """It got slot ``id_slot``, which holds its prompt's first ``n_cached`` tokens (or got a slot again, after a
+        preemption): a streamed answer can send its status line."""
+        self.id_slot, self.n_cached, self.status = id_slot, n_cached, Status.RUNNING
+        self.wake()
 
-    def first_token(self) -> None:
-        """Its first token was sampled: the prompt phase ends here."""
-        self.status, self.t_first = Status.GENERATING, time.perf_counter()
-        self.timings.prompt_ms = (self.t_first - self.t_start) * 1e3
-
-    def end_timings(self) -> None:
-        """It leaves its slot: the generation phase ends here."""
-        now = time.perf_counter()
-        self.timings.predicted_n = len(self.output)
-        self.timings.predicted_ms = (now - self.t_first) * 1e3 if self.t_first else 0.0
-        if not self.t_first:
-            self.timings.prompt_ms = (now - self.t_start) * 1e3
+    def suspend(self) -> None:
+        """It lost its slot to a request that goes first (preemption): back in the queue, its stream paused."""
+        self.id_slot, self.status = None, Status.WAITING
 
     def emit(self, piece: Piece) -> None:
         """Queue a piece; an asyncio consumer sees it at the next ``wake``."""
         self.text_parts.append(piece.text)
         self._push(piece)
 
-    def finish(self, end: End | None, error: BaseException | None = None) -> None:
-        """It ended (``end``), or failed (``error``): the readers see the end after the pieces queued before it."""
-        self.end, self.error = end, error
+    def finish(self, outcome: Outcome) -> None:
+        """It ended: the readers see the end after the pieces queued before it."""
+        self.outcome = outcome
+        self._close()
+
+    def fail(self, error: BaseException) -> None:
+        """It cannot go on: the readers get ``error`` after the pieces queued before it."""
+        self.error = error
+        self._close()
+
+    def _close(self) -> None:
         self.status = Status.DONE
         self._push(_END)
         self.wake()
@@ -223,20 +204,10 @@ class Request:
         """Wake an asyncio consumer to read what was queued (the engine: once per step, after sampling)."""
         with self._cond:
             loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None:  # set together by __aiter__
+        if loop is not None and wake is not None:  # set together by _listen
             loop.call_soon_threadsafe(wake.set)
 
     # --- consumer side -----------------------------------------------------
-
-    @property
-    def finish_reason(self) -> str | None:
-        """OpenAI's: "stop", "length" or "cancelled" (None while it runs, or when it failed)."""
-        return self.end.finish_reason if self.end is not None else None
-
-    @property
-    def stop_type(self) -> str:
-        """llama-server's (its native /completion answer reports it): "eos", "word", "limit" or "none"."""
-        return self.end.stop_type if self.end is not None else "none"
 
     @property
     def cancelled(self) -> bool:
@@ -263,6 +234,12 @@ class Request:
             self._events.appendleft(_END)  # stay ended for any later reader
         return item
 
+    def _leave(self) -> None:
+        """The reader stops reading: the request is cancelled if it still runs; its error, if any, is raised."""
+        self.cancel()
+        if self.error is not None:
+            raise self.error
+
     def __iter__(self) -> Iterator[Piece]:
         try:
             while True:
@@ -272,10 +249,10 @@ class Request:
                 if item is _END:
                     break
                 yield item
-        finally:
+        except BaseException:
             self.cancel()
-        if self.error is not None:
-            raise self.error
+            raise
+        self._leave()
 
     def _listen(self) -> asyncio.Event:
         """This asyncio task is the reader now: ``wake`` sets the event returned, on its loop."""
@@ -286,8 +263,9 @@ class Request:
     async def started(self) -> None:
         """Wait until the request holds a slot (or ended before it got one: its error is raised here).
 
-        A streamed answer sends its status line then, before the prompt is read (llama-server:
-        the empty "begin" result of pre_decode). A reader that leaves while it waits cancels it.
+        A streamed answer sends its status line then, before the prompt is read (llmkit's rule; llama-server
+        sends it when ``pre_decode`` first reaches the slot with room in the batch: its "begin" result).
+        A reader that leaves while it waits cancels it.
         """
         wake = self._listen()
         try:
@@ -299,7 +277,7 @@ class Request:
         except BaseException:
             self.cancel()
             raise
-        if self.slot_id is None and self.error is not None:  # it never started
+        if self.id_slot is None and self.error is not None:  # it never started
             raise self.error
 
     async def pieces(self, silence: float | None = None) -> AsyncGenerator[Piece | None, None]:
@@ -322,10 +300,10 @@ class Request:
                         await wake.wait()
                 except TimeoutError:
                     yield None
-        finally:
+        except BaseException:
             self.cancel()
-        if self.error is not None:
-            raise self.error
+            raise
+        self._leave()
 
     def __aiter__(self) -> AsyncGenerator[Piece, None]:
         return self.pieces()  # type: ignore[return-value]  # with no silence given, never None

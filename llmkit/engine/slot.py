@@ -1,10 +1,13 @@
-"""One slot: a sequence of the KV cache, and the job running on it (~ llama-server's ``server_slot``).
+"""One slot: a sequence of the KV cache (~ llama-server's ``server_slot``, its KV half).
 
 A slot's sequence id is its index. ``cache_tokens`` are exactly the tokens
 whose keys and values sit in that sequence of the KV cache, position by
 position, at every moment outside a step (a step appends to them only after
 its decode has succeeded: ``Engine.commit``); they outlive the job, which is
-what prefix reuse reads.
+what prefix reuse reads. Only the slot's own methods change them.
+
+``job`` is the run of the request on it (``llmkit.engine.job``), None when idle;
+the job does not point back.
 """
 
 from __future__ import annotations
@@ -12,12 +15,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from llmkit.engine.job import Job
-from llmkit.engine.request import Request
-from llmkit.llama import Context, Model, Sampler
-from llmkit.text import Detokenizer, StopMatcher
+from llmkit.llama import Context
 
 if TYPE_CHECKING:
+    from llmkit.engine.job import Job
     from llmkit.engine.prompt_cache import PromptCache
 
 
@@ -35,7 +36,7 @@ class Slot:
         self.id = slot_id
         self.n_ctx = n_ctx  # this slot's share of the context
         self.cache_tokens: list[int] = []
-        self.job: Job | None = None  # the work running here (None: idle)
+        self.job: Job | None = None  # the run on it (None: idle)
         self.t_last_used = 0.0
         self.n_restored = 0  # prompts brought back into this slot from the prompt cache
 
@@ -48,27 +49,24 @@ class Slot:
         """Tokens in this slot's KV cache: the next token goes at this position."""
         return len(self.cache_tokens)
 
-    def similarity(self, prompt: list[int]) -> float:
-        """How much of ``prompt`` this slot already holds, 0..1 (lcp / len(prompt))."""
-        return common_prefix(self.cache_tokens, prompt) / len(prompt) if prompt else 0.0
+    def similarity(self, tokens: list[int]) -> float:
+        """How much of ``tokens`` this slot already holds, 0..1 (lcp / len(tokens))."""
+        return common_prefix(self.cache_tokens, tokens) / len(tokens) if tokens else 0.0
 
-    def start(self, request: Request, ctx: Context, model: Model) -> Job:
-        """Take ``request``: keep the cached common prefix, drop the rest of the KV, build its job.
+    def reuse(self, ctx: Context, tokens: list[int], cache_prompt: bool, n_cache_reuse: int | None) -> tuple[int, int]:
+        """Keep what this slot holds of ``tokens`` (with ``cache_prompt``: the common prefix, and with ``n_cache_reuse``
+        chunks moved into place), drop the rest of its KV: returns (tokens kept, of which moved). At least one
+        token is left to evaluate: the next token is sampled from its logits.
 
-        (llama-server: launch_slot_with_task + the n_past logic of pre_decode)
+        (llama-server: the n_past logic of pre_decode, with its n_cache_reuse loop)
         """
-        prompt, params = request.prompt, request.params
-        n_past = common_prefix(self.cache_tokens, prompt) if params.cache_prompt else 0
-        n_moved = self.reuse_chunks(ctx, prompt, n_past, params.n_cache_reuse) if params.cache_prompt and params.n_cache_reuse else 0
-        n_keep = min(n_past + n_moved, len(prompt) - 1)  # evaluate at least one token: we need its logits
+        n_past = common_prefix(self.cache_tokens, tokens) if cache_prompt else 0
+        n_moved = self.reuse_chunks(ctx, tokens, n_past, n_cache_reuse) if cache_prompt and n_cache_reuse else 0
+        n_keep = min(n_past + n_moved, len(tokens) - 1)
         if not self.truncate(ctx, n_keep):
-            n_keep = n_moved = 0  # this memory cannot cut a sequence in the middle: drop it all
-            self.clear_prompt(ctx)
-
-        sampler = Sampler(model, params.sampling)  # may raise: the caller fails the request alone
-        self.job = Job(request, self, sampler, Detokenizer(model.token_to_piece), StopMatcher(params.stop), n_prompt_done=n_keep)
-        request.start(self.id, n_cached=n_keep, n_moved=min(n_moved, n_keep))
-        return self.job
+            self.clear_prompt(ctx)  # this memory cannot cut a sequence in the middle: drop it all
+            return 0, 0
+        return n_keep, min(n_moved, n_keep)
 
     def reuse_chunks(self, ctx: Context, prompt: list[int], n_past: int, min_chunk: int) -> int:
         """After the common prefix, move cached chunks that the prompt repeats into their new places.
@@ -94,22 +92,22 @@ class Slot:
                 head_c += 1
         return n_moved
 
-    def shift_context(self, ctx: Context, add_bos: bool) -> None:
-        """Make room in a full slot: drop half the tokens after the request's first ``n_keep``, move the rest back.
+    def append(self, tokens: list[int]) -> None:
+        """A decode wrote ``tokens`` at the end of this slot's sequence (``Engine.commit``)."""
+        self.cache_tokens.extend(tokens)
+
+    def shift_context(self, ctx: Context, n_keep: int) -> None:
+        """Make room in a full slot: drop half the tokens after the first ``n_keep``, move the rest back.
 
         (llama-server: the context shift at the top of pre_decode, --context-shift.)
         The generation goes on, having forgotten the middle of what it read.
         """
-        assert self.job is not None, "only a busy slot shifts its context"
-        request = self.job.request
-        n_keep = len(request.prompt) if request.params.n_keep < 0 else request.params.n_keep
-        n_keep = min(self.n_ctx - 4, n_keep + add_bos)
+        n_keep = min(self.n_ctx - 4, n_keep)
         n_left = self.n_past - n_keep
         n_discard = max(0, min(n_left // 2, n_left - 1))
         ctx.seq_rm(self.id, n_keep, n_keep + n_discard)
         ctx.seq_add(self.id, n_keep + n_discard, self.n_past, -n_discard)
         del self.cache_tokens[n_keep : n_keep + n_discard]
-        request.truncated = True
 
     def truncate(self, ctx: Context, n: int) -> bool:
         """Keep the first ``n`` tokens in this slot's KV cache (a request's new prompt, a rejected draft).
@@ -124,10 +122,10 @@ class Slot:
     def save_prompt(self, cache: PromptCache, ctx: Context) -> bool:
         return cache.save(ctx, self.id, self.cache_tokens)
 
-    def load_prompt(self, cache: PromptCache, ctx: Context, prompt: list[int]) -> None:
-        tokens = cache.load(ctx, self.id, self.cache_tokens, prompt)
-        if tokens is not None:
-            self.cache_tokens = tokens
+    def load_prompt(self, cache: PromptCache, ctx: Context, tokens: list[int]) -> None:
+        restored = cache.load(ctx, self.id, self.cache_tokens, tokens)
+        if restored is not None:
+            self.cache_tokens = restored
             self.n_restored += 1
 
     def clear_prompt(self, ctx: Context) -> None:
@@ -135,9 +133,7 @@ class Slot:
         self.cache_tokens = []
 
     def release(self, ctx: Context, *, keep_cache: bool = True) -> None:
-        """Free the slot. The KV cache stays for the next request unless ``keep_cache`` is False."""
-        if self.job is not None:
-            self.job.sampler.close()
+        """The job leaves (it ended, or was preempted). The KV cache stays for the next request unless ``keep_cache`` is False."""
         self.job = None
         self.t_last_used = time.perf_counter()
         if not keep_cache:

@@ -1,8 +1,9 @@
 """What the engine tells about itself: totals, steps, and a frozen snapshot of its state.
 
-``Engine.status()`` returns an ``EngineStatus``: values, not live objects, so the
-server's ``/slots``, ``/metrics`` and ``/props`` (and a notebook between two steps)
-read it without reaching into the engine while its thread runs.
+``Engine.status()`` returns an ``EngineStatus``: values, not live objects, taken by the engine's own
+thread at the end of a turn of its loop (llama-server answers ``/slots`` and ``/metrics`` from its loop
+too), so the server's ``/slots``, ``/metrics`` and ``/props`` and a notebook's picture read one step's
+state, never a step half done.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from dataclasses import dataclass, fields, replace
 from typing import NamedTuple
 
 from llmkit.engine.config import EngineConfig
-from llmkit.engine.request import Timings
+from llmkit.engine.job import Job
 from llmkit.engine.slot import Slot
+from llmkit.timings import Timings
 
 
 @dataclass
@@ -36,6 +38,7 @@ class Counters:
     step_seconds_total: float = 0.0  # whole steps: decode + Python bookkeeping
     requests_finished_total: int = 0
     requests_failed_total: int = 0
+    requests_preempted_total: int = 0  # llmkit's own: jobs that left their slot for a request that goes first
 
     def snapshot(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -54,6 +57,9 @@ class Counters:
 
     def record_failure(self) -> None:
         self.requests_failed_total += 1
+
+    def record_preemption(self) -> None:
+        self.requests_preempted_total += 1
 
     def record_draft(self, n_drafted: int, n_accepted: int) -> None:
         self.spec_decode_num_draft_tokens_total += n_drafted
@@ -108,6 +114,14 @@ class JobStatus:
     draft_n: int  # speculation: tokens drafted so far ...
     draft_n_accepted: int  # ... and accepted
 
+    @classmethod
+    def of(cls, job: Job) -> JobStatus:
+        r = job.request
+        status = "generating" if job.is_generating else "prompt"
+        n_read = min(job.n_prompt_done, len(r.prompt)) - job.n_cached
+        params = r.params.to_dict()
+        return cls(r.id, status, len(r.prompt), job.n_cached, n_read, len(job.output), params, job.draft_n, job.draft_n_accepted)
+
 
 @dataclass(frozen=True)
 class SlotStatus:
@@ -116,28 +130,38 @@ class SlotStatus:
     n_cached: int  # tokens in its KV cache
     n_restored: int  # prompts brought back from the prompt cache
     job: JobStatus | None  # None: idle
+    tail: tuple[int, ...] = ()  # the last tokens of its KV cache, and with a job the last it generated (for a picture)
 
     @classmethod
-    def of(cls, slot: Slot) -> SlotStatus:
-        job = slot.job  # read once: the engine thread may end it meanwhile
-        if job is None:
-            return cls(slot.id, slot.n_ctx, slot.n_past, slot.n_restored, None)
-        r = job.request
-        t = r.timings
-        running = JobStatus(
-            r.id, r.status.value, len(r.prompt), t.cache_n, job.n_prompt_done - t.cache_n, len(r.output), r.params.to_dict(),
-            t.draft_n, t.draft_n_accepted,
-        )  # fmt: skip
-        return cls(slot.id, slot.n_ctx, slot.n_past, slot.n_restored, running)
+    def of(cls, slot: Slot, n_tail: int = 0) -> SlotStatus:
+        job = slot.job
+        tail = (job.output if job is not None and job.output else slot.cache_tokens)[-n_tail:] if n_tail else []
+        return cls(slot.id, slot.n_ctx, slot.n_past, slot.n_restored, JobStatus.of(job) if job is not None else None, tuple(tail))
+
+
+class Waiting(NamedTuple):
+    """A request in the queue."""
+
+    id: int
+    n_prompt: int
+    priority: int
 
 
 @dataclass(frozen=True)
 class EngineStatus:
+    """The engine at the end of one turn of its loop, published by its thread (``Engine.status``)."""
+
     config: EngineConfig  # the settings in effect
     slots: tuple[SlotStatus, ...]
-    n_waiting: int  # requests queued for a slot
+    waiting: tuple[Waiting, ...]  # requests queued for a slot, in arrival order
     counters: Counters  # a copy
     prompt_cache: dict | None  # PromptCache.to_dict(), None when off
+    step: int = 0  # turns of the loop so far (Engine.n_steps)
+    t: float = 0.0  # time.perf_counter() when it was taken
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self.waiting)
 
     @property
     def n_busy(self) -> int:

@@ -20,9 +20,9 @@ import time
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
-from llmkit.engine.request import Timings  # llama-server's timings; cache_n stays 0 here
 from llmkit.llama import Batch, Context, Model, Sampler, SamplingParams
 from llmkit.text import Detokenizer
+from llmkit.timings import Timings  # llama-server's timings; cache_n stays 0 here
 
 log = logging.getLogger("llmkit.sequential")
 

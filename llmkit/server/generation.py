@@ -24,7 +24,7 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from llmkit import grammar
-from llmkit.engine import ContextSizeError, Piece, RequestParams
+from llmkit.engine import ContextSizeError, Outcome, Piece, RequestParams
 from llmkit.engine import Request as EngineRequest
 from llmkit.llama import Model
 from llmkit.server import sse
@@ -75,9 +75,10 @@ async def completion(body: NativeCompletionRequest, http_request: Request, state
         for index, prompt in enumerate(body.prompt):
             tokens = check_tokens(await off_loop(tokenize_mixed, model, prompt), model.n_vocab, "prompt")
             text = b"".join(model.token_to_piece(t, special=True) for t in tokens).decode("utf-8", "replace")
-            requests.append(await submit(http_request, state, body, tokens))
-            fmt = sse.NativeFormatter(state.model_name, text, body.n_top_logprobs(), model.token_to_piece, body.return_tokens, body.stream)
-            formats.append(dataclasses.replace(fmt, index=index))
+            request = await submit(http_request, state, body, tokens)
+            requests.append(request)
+            formats.append(sse.NativeFormatter(state.model_name, text, body.n_top_logprobs(), model.token_to_piece, body.return_tokens,
+                                               body.stream, index, params=request.params))  # fmt: skip
     except BaseException:  # a later prompt is refused: the ones already queued have no reader
         for request in requests:
             request.cancel()
@@ -123,6 +124,8 @@ async def submit(
     engine = state.engine
     # the constraint's conversion and check are CPU work: off the event loop; bad ones are a 400 here
     params = await off_loop(request_params, body, state.settings.request_defaults(), engine.model, calling)
+    if tenant := http_request.headers.get("x-tenant"):  # who the request is for (--scheduling-policy fair-share)
+        params = dataclasses.replace(params, tenant=tenant)
     try:
         request = engine.submit(prompt, params)
     except ContextSizeError as exc:
@@ -172,11 +175,18 @@ async def answer(
 async def answer_whole(http_request: Request, request: EngineRequest, fmt: sse.WireFormat, reader: TextParser | CallParser) -> Any:
     """One request's whole answer, once it is done."""
     pieces = await collect(request, http_request)
-    log_usage(http_request, request)
+    outcome = ended(request)
+    log_usage(http_request, outcome.n_prompt, outcome.n_cached, outcome.n_output)
     for piece in pieces:
         reader.push(piece.text)
     reader.finish()
-    return fmt.response(request, pieces, reader)
+    return fmt.response(outcome, pieces, reader)
+
+
+def ended(request: EngineRequest) -> Outcome:
+    """The outcome of a request whose pieces were all read (a failed one raised its error instead)."""
+    assert request.outcome is not None, "read to its end, a request has ended"
+    return request.outcome
 
 
 Stream = tuple[
@@ -189,6 +199,7 @@ async def stream_events(http_request: Request, body: GenerationRequest, streams:
     """Every request's frames, one request after the other: its opening with its first piece, a chunk per piece,
     its closing; then the format's end marker. An error after the 200 is reported in the stream, in the format's shape."""
     request, fmt = streams[0][0], streams[0][1]
+    sent = dict.fromkeys((r.id for r, *_ in streams), 0)  # tokens each request's pieces carried to the client
     try:
         for request, fmt, reader, pieces in streams:
             opening = fmt.opening(request)  # sent with the first piece, as llama-server's first partial result
@@ -196,12 +207,13 @@ async def stream_events(http_request: Request, body: GenerationRequest, streams:
                 if piece is None:
                     yield PING
                     continue
+                sent[request.id] += len(piece.tokens)
                 for obj in [*opening, *fmt.chunk(request, piece, reader.push(piece.text))]:
                     yield fmt.frame(obj)
                 opening = []
             held_back = reader.finish()  # text that could have begun a tool call, and did not
             last = fmt.chunk(request, Piece("", []), held_back) if held_back else []
-            for obj in [*opening, *last, *fmt.closing(request, reader, body.include_usage)]:
+            for obj in [*opening, *last, *fmt.closing(ended(request), reader, body.include_usage)]:
                 yield fmt.frame(obj)
         if streams[0][1].done:
             yield streams[0][1].done
@@ -213,14 +225,15 @@ async def stream_events(http_request: Request, body: GenerationRequest, streams:
         for _, _, _, pieces in streams:
             await pieces.aclose()
         for request, *_ in streams:  # what each got to, whether the client stayed or not
-            log_usage(http_request, request)
+            done = request.outcome
+            n_output = done.n_output if done is not None else sent[request.id]  # a client that left: what it was sent
+            log_usage(http_request, len(request.prompt), request.n_cached, n_output)
 
 
-def log_usage(http_request: Request, request: EngineRequest) -> None:
-    """Add a finished request's token counts to what the access log prints for this HTTP request (``middleware.AccessLog``)."""
-    counts = (len(request.prompt), request.timings.cache_n, len(request.output))
+def log_usage(http_request: Request, n_prompt: int, n_cached: int, n_output: int) -> None:
+    """Add a request's token counts to what the access log prints for this HTTP request (``middleware.AccessLog``)."""
     before = getattr(http_request.state, "usage", (0, 0, 0))
-    http_request.state.usage = tuple(a + b for a, b in zip(before, counts, strict=True))
+    http_request.state.usage = tuple(a + b for a, b in zip(before, (n_prompt, n_cached, n_output), strict=True))
 
 
 async def collect(request: EngineRequest, http_request: Request) -> list[Piece]:

@@ -81,7 +81,7 @@ async def props(state: State) -> dict:
         "cache_reuse": config.cache_reuse,
         "context_shift": config.context_shift,
         "prompt_cache": status.prompt_cache,
-        "engine": dataclasses.asdict(config),  # llmkit's own: every engine setting in effect (EngineConfig)
+        "engine": config.to_dict(),  # llmkit's own: every engine setting in effect (EngineConfig)
     }
 
 

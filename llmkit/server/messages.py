@@ -41,7 +41,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Request
 from pydantic import Field, model_validator
 
-from llmkit.engine import Piece
+from llmkit.engine import End, Outcome, Piece
 from llmkit.engine import Request as EngineRequest
 from llmkit.server import sse
 from llmkit.server.errors import ApiError, off_loop
@@ -233,21 +233,20 @@ async def count_tokens(body: CountTokensRequest, state: State) -> dict:
 # --- the answer ------------------------------------------------------------------------
 
 
-def stop_reason(request: EngineRequest, calls: int) -> str:
-    if request.finish_reason == "length":
-        return "max_tokens"
-    if calls:
-        return "tool_use"
-    return "stop_sequence" if request.stop_type == "word" else "end_turn"
+STOP_REASON = {End.EOS: "end_turn", End.WORD: "stop_sequence", End.LIMIT: "max_tokens", End.CANCELLED: "end_turn"}  # Anthropic's
 
 
-def usage(request: EngineRequest) -> dict:
-    cached = request.timings.cache_n
+def stop_reason(outcome: Outcome, calls: int) -> str:
+    """Anthropic's ``stop_reason``: ``tool_use`` when the answer ended with calls (and not at the token limit)."""
+    return "tool_use" if calls and outcome.end is not End.LIMIT else STOP_REASON[outcome.end]
+
+
+def usage(n_prompt: int, n_cached: int, n_output: int) -> dict:
     return {
-        "input_tokens": len(request.prompt) - cached,
-        "cache_read_input_tokens": cached,
+        "input_tokens": n_prompt - n_cached,
+        "cache_read_input_tokens": n_cached,
         "cache_creation_input_tokens": 0,
-        "output_tokens": len(request.output),
+        "output_tokens": n_output,
     }
 
 
@@ -262,7 +261,7 @@ class MessagesFormatter:
     done = None
     frame = staticmethod(sse.named_event)
 
-    def message(self, request: EngineRequest, content: list[dict], reason: str | None) -> dict:
+    def message(self, content: list[dict], usage: dict, reason: str | None = None, stop_sequence: str = "") -> dict:
         """The message; with no ``reason`` yet, as a stream's ``message_start`` has it (nothing written)."""
         return {
             "id": self.id,
@@ -271,17 +270,19 @@ class MessagesFormatter:
             "model": self.model,
             "content": content,
             "stop_reason": reason,
-            "stop_sequence": (request.stopping_word or None) if reason else None,
-            "usage": usage(request) | ({} if reason else {"output_tokens": 0}),
+            "stop_sequence": stop_sequence or None,
+            "usage": usage,
         }
 
-    def response(self, request: EngineRequest, pieces: list[Piece], answer: sse.Answer) -> dict:
+    def response(self, outcome: Outcome, pieces: list[Piece], answer: sse.Answer) -> dict:
         content: list[dict] = [{"type": "text", "text": answer.content}] if answer.content else []
         content += [{"type": "tool_use", "id": f"toolu_{c.id}", "name": c.name, "input": c.parsed_arguments()} for c in answer.calls]
-        return self.message(request, content, stop_reason(request, len(answer.calls)))
+        counts = usage(outcome.n_prompt, outcome.n_cached, outcome.n_output)
+        return self.message(content, counts, stop_reason(outcome, len(answer.calls)), outcome.stopping_word)
 
     def opening(self, request: EngineRequest) -> list[dict]:
-        return [{"type": "message_start", "message": self.message(request, [], None)}, {"type": "ping"}]
+        counts = usage(len(request.prompt), request.n_cached, 0)
+        return [{"type": "message_start", "message": self.message([], counts)}, {"type": "ping"}]
 
     def chunk(self, request: EngineRequest, piece: Piece, deltas: list[Delta]) -> list[dict]:
         events: list[dict] = []
@@ -310,12 +311,12 @@ class MessagesFormatter:
         self.open_block = None
         return [{"type": "content_block_stop", "index": self.n_blocks - 1}]
 
-    def closing(self, request: EngineRequest, answer: sse.Answer, include_usage: bool) -> list[dict]:
-        reason = stop_reason(request, len(answer.calls))
-        delta = {"stop_reason": reason, "stop_sequence": request.stopping_word or None}
+    def closing(self, outcome: Outcome, answer: sse.Answer, include_usage: bool) -> list[dict]:
+        reason = stop_reason(outcome, len(answer.calls))
+        delta = {"stop_reason": reason, "stop_sequence": outcome.stopping_word or None}
         return [
             *self.stop_block(),
-            {"type": "message_delta", "delta": delta, "usage": {"output_tokens": len(request.output)}},
+            {"type": "message_delta", "delta": delta, "usage": {"output_tokens": outcome.n_output}},
             {"type": "message_stop"},
         ]
 

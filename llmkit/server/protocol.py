@@ -100,6 +100,7 @@ class GenerationRequest(ApiModel):
     grammar: str | None = None
     json_schema: dict | None = None
     sse_ping_interval: int | None = None  # seconds of silence before a ping, this stream only (None: the server's)
+    priority: int | None = None  # llmkit's (vLLM's field): lower goes first under --scheduling-policy priority
 
     @property
     def include_usage(self) -> bool:
@@ -388,6 +389,7 @@ def params_from_body(
         "n_keep": body.n_keep,
         "n_cache_reuse": body.n_cache_reuse,
         "n_draft_max": body.speculative_n_max,
+        "priority": body.priority,
         "sampling": dataclasses.replace(defaults.sampling, **{k: v for k, v in sampling.items() if v is not None}),
     }
     return dataclasses.replace(defaults, **{k: v for k, v in own.items() if v is not None or k == "id_slot"})

@@ -36,7 +36,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Request
 from pydantic import Discriminator, Field, Tag, model_validator
 
-from llmkit.engine import Piece
+from llmkit.engine import End, Outcome, Piece
 from llmkit.engine import Request as EngineRequest
 from llmkit.server import sse
 from llmkit.server.errors import ApiError, off_loop
@@ -258,14 +258,16 @@ def echo(body: ResponsesRequest, template: str) -> dict:
 # --- the answer ------------------------------------------------------------------------
 
 
-def usage(request: EngineRequest) -> dict:
-    n_in, n_out = len(request.prompt), len(request.output)
+STATUS = {End.EOS: "completed", End.WORD: "completed", End.LIMIT: "incomplete", End.CANCELLED: "cancelled"}  # how a Response ends
+
+
+def usage(outcome: Outcome) -> dict:
     return {
-        "input_tokens": n_in,
-        "input_tokens_details": {"cached_tokens": request.timings.cache_n},
-        "output_tokens": n_out,
+        "input_tokens": outcome.n_prompt,
+        "input_tokens_details": {"cached_tokens": outcome.n_cached},
+        "output_tokens": outcome.n_output,
         "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": n_in + n_out,
+        "total_tokens": outcome.n_prompt + outcome.n_output,
     }
 
 
@@ -288,16 +290,13 @@ class ResponsesFormatter:
     done = None
     frame = staticmethod(sse.named_event)
 
-    def response(self, request: EngineRequest, pieces: list[Piece], answer: sse.Answer) -> dict:
-        status = self.status(request)
+    def response(self, outcome: Outcome, pieces: list[Piece], answer: sse.Answer) -> dict:
+        status = STATUS[outcome.end]
         output = [self.message_item(answer.content, status)] if answer.content else []
         output += [self.call_item(c.id, c.name, c.arguments, status) for c in answer.calls]
-        return self.whole(status, output, request)
+        return self.whole(status, output, outcome)
 
-    def status(self, request: EngineRequest) -> str:
-        return "incomplete" if request.finish_reason == "length" else "completed"
-
-    def whole(self, status: str, output: list[dict], request: EngineRequest | None) -> dict:
+    def whole(self, status: str, output: list[dict], outcome: Outcome | None) -> dict:
         """The Response object (OpenAI's fields, in its order)."""
         return {
             "id": self.id,
@@ -313,7 +312,7 @@ class ResponsesFormatter:
             "reasoning": {"effort": None, "summary": None},
             "store": False,
             "truncation": "disabled",
-            "usage": usage(request) if request is not None and status != "in_progress" else None,
+            "usage": usage(outcome) if outcome is not None else None,
             "user": None,
             **self.echo,
         }
@@ -399,11 +398,11 @@ class ResponsesFormatter:
         item["status"] = status
         return [*events, self.event("output_item.done", output_index=where["output_index"], item=item)]
 
-    def closing(self, request: EngineRequest, answer: sse.Answer, include_usage: bool) -> list[dict]:
-        status = self.status(request)
+    def closing(self, outcome: Outcome, answer: sse.Answer, include_usage: bool) -> list[dict]:
+        status = STATUS[outcome.end]
         events = self.close_item(status)
         # llama-server's extra: the timings, beside the response (as on a chat stream's last chunk)
-        return [*events, self.event(status, response=self.whole(status, self.items, request), timings=request.timings.to_dict())]
+        return [*events, self.event(status, response=self.whole(status, self.items, outcome), timings=outcome.timings.to_dict())]
 
     def error(self, exc: ApiError) -> list[dict]:
         failed = self.whole("failed", self.items, None) | {"error": {"code": exc.type, "message": str(exc)}}

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from llmkit.engine import Request
+from llmkit.engine import End, Outcome, Request, RequestParams
 from llmkit.engine.request import Piece, TokenLogprob
 from llmkit.llama import LLAMA_DEFAULT_SEED, Grammar
 from llmkit.server.errors import ApiError
@@ -51,14 +51,18 @@ def named_event(data: dict) -> str:
     return f"event: {data['type']}\n{event(data)}"
 
 
-def usage(request: Request) -> dict:
+# How a request ended, in each dialect's words (llama-server: each result's to_json maps its stop_type)
+FINISH_REASON = {End.EOS: "stop", End.WORD: "stop", End.LIMIT: "length", End.CANCELLED: "cancelled"}  # OpenAI's
+STOP_TYPE = {End.EOS: "eos", End.WORD: "word", End.LIMIT: "limit", End.CANCELLED: "none"}  # llama-server's /completion
+
+
+def usage(outcome: Outcome) -> dict:
     """OpenAI's usage object, with llama-server's cached-token count."""
-    n_prompt, n_output = len(request.prompt), len(request.output)
     return {
-        "prompt_tokens": n_prompt,
-        "completion_tokens": n_output,
-        "total_tokens": n_prompt + n_output,
-        "prompt_tokens_details": {"cached_tokens": request.timings.cache_n},
+        "prompt_tokens": outcome.n_prompt,
+        "completion_tokens": outcome.n_output,
+        "total_tokens": outcome.n_prompt + outcome.n_output,
+        "prompt_tokens_details": {"cached_tokens": outcome.n_cached},
     }
 
 
@@ -76,17 +80,19 @@ def token_logprobs(items: list[TokenLogprob], n_top: int, token_piece: Callable[
 class WireFormat(Protocol):
     """What ``generation.generate`` asks of a response's format: the whole answer, or a stream's events
     (``opening``, ``chunk`` per piece of text, ``closing``; ``error`` after the 200), each sent as ``frame``
-    makes it, then ``done`` if any. One per API: ``Formatter`` (OpenAI chat and text), ``NativeFormatter``
-    (llama-server's /completion), ``responses.ResponsesFormatter``, ``messages.MessagesFormatter``."""
+    makes it, then ``done`` if any. While it streams, a format reads the request's inputs and where it runs
+    (``opening``, ``chunk``); how it ended, only from its ``Outcome`` (``response``, ``closing``). One per API:
+    ``Formatter`` (OpenAI chat and text), ``NativeFormatter`` (llama-server's /completion),
+    ``responses.ResponsesFormatter``, ``messages.MessagesFormatter``."""
 
     @property
     def done(self) -> str | None: ...
 
     def frame(self, data: dict) -> str: ...
-    def response(self, request: Request, pieces: list[Piece], answer: Answer) -> dict: ...
+    def response(self, outcome: Outcome, pieces: list[Piece], answer: Answer) -> dict: ...
     def opening(self, request: Request) -> list[dict]: ...
     def chunk(self, request: Request, piece: Piece, deltas: list[Delta]) -> list[dict]: ...
-    def closing(self, request: Request, answer: Answer, include_usage: bool) -> list[dict]: ...
+    def closing(self, outcome: Outcome, answer: Answer, include_usage: bool) -> list[dict]: ...
     def error(self, exc: ApiError) -> list[dict]: ...
 
 
@@ -97,9 +103,10 @@ class Answer(Protocol):
     calls: list[ToolCall]
 
 
-def finish_reason(request: Request, answer: Answer) -> str | None:
+def finish_reason(outcome: Outcome, answer: Answer) -> str:
     """Why the answer ended, in OpenAI's words: ``tool_calls`` when it ended with calls."""
-    return "tool_calls" if answer.calls and request.finish_reason == "stop" else request.finish_reason
+    reason = FINISH_REASON[outcome.end]
+    return "tool_calls" if answer.calls and reason == "stop" else reason
 
 
 @dataclass
@@ -176,11 +183,11 @@ class Formatter:
 
     # whole response
 
-    def response(self, request: Request, pieces: list[Piece], answer: Answer) -> dict:
+    def response(self, outcome: Outcome, pieces: list[Piece], answer: Answer) -> dict:
         items = [i for p in pieces for i in p.logprobs]
         body = {"message": self.message(answer)} if self.chat else {"text": answer.content}
-        choice = self._choice(body, finish_reason(request, answer), self.logprobs(items))
-        return self._envelope([choice], chunk=False, usage=usage(request), timings=request.timings.to_dict())
+        choice = self._choice(body, finish_reason(outcome, answer), self.logprobs(items))
+        return self._envelope([choice], chunk=False, usage=usage(outcome), timings=outcome.timings.to_dict())
 
     # stream
 
@@ -197,13 +204,13 @@ class Formatter:
             chunks[-1]["choices"][0]["logprobs"] = self.logprobs(piece.logprobs)
         return chunks
 
-    def closing(self, request: Request, answer: Answer, include_usage: bool) -> list[dict]:
+    def closing(self, outcome: Outcome, answer: Answer, include_usage: bool) -> list[dict]:
         """The empty delta with ``finish_reason``, then the usage chunk if asked; timings ride on the last one."""
-        reason = self._choice({"delta": {}} if self.chat else {"text": ""}, finish_reason(request, answer))
+        reason = self._choice({"delta": {}} if self.chat else {"text": ""}, finish_reason(outcome, answer))
         chunks = [self._envelope([reason], chunk=True)]
         if include_usage:
-            chunks.append(self._envelope([], chunk=True, usage=usage(request)))
-        chunks[-1]["timings"] = request.timings.to_dict()
+            chunks.append(self._envelope([], chunk=True, usage=usage(outcome)))
+        chunks[-1]["timings"] = outcome.timings.to_dict()
         return chunks
 
     def error(self, exc: ApiError) -> list[dict]:
@@ -227,9 +234,11 @@ class NativeFormatter:
     done = None  # llama-server ends a native stream without [DONE]
     frame = staticmethod(event)
 
-    def generation_settings(self, request: Request) -> dict:
+    params: RequestParams = field(default_factory=RequestParams)  # the request's settings (its generation_settings)
+
+    def generation_settings(self) -> dict:
         """The request's settings, as far as llmkit has them (task_params::to_json names and order)."""
-        r, p = request.params, request.params.sampling
+        r, p = self.params, self.params.sampling
         return {
             "seed": LLAMA_DEFAULT_SEED if p.seed is None else p.seed,
             "temperature": p.temperature,
@@ -249,34 +258,35 @@ class NativeFormatter:
             "grammar": p.grammar.text if isinstance(p.grammar, Grammar) else p.grammar or "",
         }
 
-    def final(self, request: Request, content: str, tokens: list[int], items: list[TokenLogprob]) -> dict:
-        """The last object: totals, settings, why it stopped, timings (the whole answer, or a stream's end)."""
+    def final(self, outcome: Outcome, content: str, text: str, tokens: list[int], items: list[TokenLogprob]) -> dict:
+        """The last object: totals, settings, why it stopped, timings (the whole answer, or a stream's end, whose
+        ``content`` is empty: ``text`` is the whole answer's)."""
         body = {
             "index": self.index,
             "content": content,
             "tokens": tokens,
-            "id_slot": request.slot_id,
+            "id_slot": outcome.id_slot,
             "stop": True,
             "model": self.model,
-            "tokens_predicted": len(request.output),
-            "tokens_evaluated": len(request.prompt),
-            "generation_settings": self.generation_settings(request),
+            "tokens_predicted": outcome.n_output,
+            "tokens_evaluated": outcome.n_prompt,
+            "generation_settings": self.generation_settings(),
             "prompt": self.prompt,
-            "has_new_line": "\n" in request.text,
-            "truncated": request.truncated,
-            "stop_type": request.stop_type,
-            "stopping_word": request.stopping_word,
-            "tokens_cached": request.n_cached,
-            "timings": request.timings.to_dict(),
+            "has_new_line": "\n" in text,
+            "truncated": outcome.truncated,
+            "stop_type": STOP_TYPE[outcome.end],
+            "stopping_word": outcome.stopping_word,
+            "tokens_cached": outcome.tokens_cached,
+            "timings": outcome.timings.to_dict(),
         }
         if items and self.n_top is not None:
             body["completion_probabilities"] = token_logprobs(items, self.n_top, self.token_piece)
         return body
 
-    def response(self, request: Request, pieces: list[Piece], answer: Answer) -> dict:
+    def response(self, outcome: Outcome, pieces: list[Piece], answer: Answer) -> dict:
         """The whole answer: every token the model produced, the stop word's included (as llama-server)."""
-        tokens = list(request.output) if self.return_tokens else []
-        return self.final(request, answer.content, tokens, [i for p in pieces for i in p.logprobs])
+        tokens = list(outcome.output) if self.return_tokens else []
+        return self.final(outcome, answer.content, answer.content, tokens, [i for p in pieces for i in p.logprobs])
 
     def opening(self, request: Request) -> list[dict]:
         return []
@@ -289,7 +299,7 @@ class NativeFormatter:
             "content": piece.text,
             "tokens": piece.tokens,
             "stop": False,
-            "id_slot": request.slot_id,
+            "id_slot": request.id_slot,
             "tokens_predicted": self.n_sent,
             "tokens_evaluated": len(request.prompt),
         }
@@ -297,9 +307,9 @@ class NativeFormatter:
             body["completion_probabilities"] = token_logprobs(piece.logprobs, self.n_top, self.token_piece)
         return [body]
 
-    def closing(self, request: Request, answer: Answer, include_usage: bool) -> list[dict]:
+    def closing(self, outcome: Outcome, answer: Answer, include_usage: bool) -> list[dict]:
         """The totals, with empty content and tokens: the chunks carried them (no probabilities either)."""
-        return [self.final(request, "", [], [])]
+        return [self.final(outcome, "", answer.content, [], [])]
 
     def error(self, exc: ApiError) -> list[dict]:
         return [exc.body()]
