@@ -14,7 +14,8 @@ Read it in the order llama-server runs (``llmkit.course.upstream.MAP`` pairs eac
 method with its C++ and says what differs):
 
 - ``loop`` ~ ``server_queue::start_loop``: wait for work, ``step``, again;
-  ``step`` is one turn: ``admit``, then ``update_slots``, then it publishes its ``status``
+  ``step`` is one turn: ``admit``, then ``update_slots``, then (with ``kv_events`` on, llmkit's
+  own) it tells what the slots and the prompt cache now hold, and publishes its ``status``
   if a reader asked for it;
 - ``admit`` ~ ``process_single_task``: waiting requests into slots, as the scheduling
   policy says (``scheduler.admission``; llama-server's policy by default:
@@ -47,6 +48,7 @@ from typing import Any
 from llmkit import models
 from llmkit.engine.config import EngineConfig
 from llmkit.engine.job import Job
+from llmkit.engine.kv_events import KVEventTracker
 from llmkit.engine.prompt_cache import PromptCache
 from llmkit.engine.request import ContextSizeError, End, EngineError, Outcome, Request, RequestParams, TokenLogprob
 from llmkit.engine.scheduler import Admission, Chunk, Running, admission, build_batch, swaps_prompt
@@ -93,6 +95,8 @@ class Engine:
         self.prompt_cache = PromptCache(config.cache_ram_mib, self.ctx.n_ctx) if config.cache_ram_mib != 0 else None
         self.slots = [Slot(i, self.ctx.n_ctx_seq) for i in range(config.n_parallel)]
         self.batch = Batch(self.ctx.n_batch)
+        # what the slots and the prompt cache hold, told at each step's end (None: off); a publisher takes its batches
+        self.kv_events = KVEventTracker(config.kv_block_size) if config.kv_events else None
         self.waiting: deque[Request] = deque()  # in arrival order (the policy orders them)
         self.suspended: dict[int, Job] = {}  # preempted jobs, by request id: their requests wait again
         self.counters = Counters()
@@ -214,6 +218,8 @@ class Engine:
             log.exception("engine step failed")
             self._fail_busy(EngineError("internal engine error (see the server log)"))
             record = None
+        if self.kv_events is not None:
+            self.kv_events.collect(self.slots, self.prompt_cache)
         with self._lock:
             self.n_steps += 1
             self._publish()

@@ -12,6 +12,7 @@ Module map (llama-server's tools/server/ files in brackets):
     errors      the error shape, every exception handler, ``off_loop``     [server-common.cpp format_error_response]
     middleware  loading / API-key / body-size gate, request log            [server-http.cpp]
     metrics     Prometheus text from the engine's counters                 [server-task.cpp to_metrics]
+    kv_publisher  KV events over ZMQ and where they are, for kv_aware routing  [none: vLLM's ZmqEventPublisher]
 
     app = create_app(engine_or_loader, Settings(alias="smollm2"))
 """

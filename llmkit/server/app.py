@@ -10,6 +10,7 @@ The routes live by role (llama-server's paths: without ``/v1``,
     embeddings   POST /v1/embeddings, /embedding, /embeddings
     info         GET /health, /v1/models, /props, /slots, /metrics; POST /tokenize, /detokenize, /apply-template
     worker       POST /v1/chat/completions/render, /v1/responses/render                   (what a router asks first)
+    kv_publisher GET /get_server_info, /kv_event_sources; the KV events over ZMQ        (what kv_aware routing reads)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
 
-from llmkit.server import embeddings, errors, generation, info, messages, responses, worker
+from llmkit.server import embeddings, errors, generation, info, kv_publisher, messages, responses, worker
 from llmkit.server.middleware import AccessLog, Gate
 from llmkit.server.state import ServerState, ServingEngine, Settings
 
@@ -53,6 +54,7 @@ def create_app(engine: ServingEngine | Callable[[], ServingEngine], settings: Se
     errors.install(app)
     app.add_middleware(Gate, not_ready=state.not_ready, api_key=state.settings.api_key, max_body_size=state.settings.max_body_size)
     app.add_middleware(AccessLog)  # added last: outermost, so it logs the gate's answers too
-    for routes in (info.router, embeddings.router, generation.router, responses.router, messages.router, worker.router):
+    for routes in (info.router, embeddings.router, generation.router, responses.router, messages.router, worker.router,
+                   kv_publisher.router):  # fmt: skip
         app.include_router(routes)
     return app

@@ -28,6 +28,7 @@ from llmkit.server.errors import ApiError
 
 if TYPE_CHECKING:
     from llmkit.server.embeddings import Embedder  # whose routes read this module
+    from llmkit.server.kv_publisher import KVPublisher  # likewise
 
 log = logging.getLogger("llmkit.server")
 
@@ -48,6 +49,7 @@ class Settings:
     max_body_size: int = 10 * 2**20
     n_threads: int | None = None  # for the embedding context
     sse_ping_interval: int = 30  # seconds of silence before a stream gets a ping (<= 0: never), as llama-server's
+    kv_events: str | None = None  # llmkit's --kv-events: the ZMQ endpoint of the engine's KV events (llmkit.server.kv_publisher)
 
     def request_defaults(self) -> RequestParams:
         return RequestParams(max_tokens=self.n_predict, sampling=SamplingParams(temperature=self.temperature, seed=self.seed))
@@ -76,6 +78,7 @@ class ServerState:
     loaded: ServingEngine | None = None
     embedder: Embedder | None = None
     load_error: Exception | None = None
+    kv_publisher: KVPublisher | None = None
     t_start: int = field(default_factory=lambda: int(time.time()))  # when the server started, Unix seconds
     registry: CollectorRegistry = field(init=False)
 
@@ -93,8 +96,10 @@ class ServerState:
         return self.settings.alias or self.engine.model.path.name
 
     def ready(self, engine: ServingEngine) -> None:
+        from llmkit.server import kv_publisher
         from llmkit.server.embeddings import Embedder
 
+        self.kv_publisher = kv_publisher.start(engine, self.settings.kv_events)
         self.embedder = Embedder(engine.model, n_threads=self.settings.n_threads)
         self.loaded = engine
         status = engine.status()
@@ -115,6 +120,8 @@ class ServerState:
         return None if self.loaded is not None else ApiError(503, "Loading model")
 
     def close(self, *, engine_too: bool) -> None:
+        if self.kv_publisher is not None:
+            self.kv_publisher.close()
         if self.embedder is not None:
             self.embedder.close()
         if engine_too and self.loaded is not None:
