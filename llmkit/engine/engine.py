@@ -50,7 +50,7 @@ from llmkit.engine.config import EngineConfig
 from llmkit.engine.job import Job
 from llmkit.engine.kv_events import KVEventTracker
 from llmkit.engine.prompt_cache import PromptCache
-from llmkit.engine.request import ContextSizeError, End, EngineError, Outcome, Request, RequestParams, TokenLogprob
+from llmkit.engine.request import ContextSizeError, End, EngineError, KVState, Outcome, Request, RequestParams, TokenLogprob
 from llmkit.engine.scheduler import Admission, Chunk, Running, admission, build_batch, swaps_prompt
 from llmkit.engine.slot import Slot
 from llmkit.engine.speculative import make_drafter
@@ -124,18 +124,21 @@ class Engine:
 
     # --- submitting ----------------------------------------------------------
 
-    def submit(self, prompt: list[int], params: RequestParams | None = None) -> Request:
-        """Queue a tokenized prompt; returns at once with a ``Request`` to iterate."""
+    def submit(self, prompt: list[int], params: RequestParams | None = None, kv: KVState | None = None) -> Request:
+        """Queue a tokenized prompt; returns at once with a ``Request`` to iterate. With ``kv``, KV cells another engine
+        read for it (disaggregated prefill: ``launch_from``): its tokens must be the prompt, then its output but the last."""
         params = params or RequestParams()
         if not prompt:
             raise ValueError("the prompt is empty")
+        if kv is not None and (not kv.output or list(kv.tokens) != [*prompt, *kv.output[:-1]]):
+            raise ValueError("the KV state handed over is not this prompt's, or has no token to go on from")
         if len(prompt) >= self.n_ctx_slot:
             raise ContextSizeError(len(prompt), self.n_ctx_slot)
         if params.id_slot is not None and not 0 <= params.id_slot < len(self.slots):
             raise ValueError(f"id_slot must be between 0 and {len(self.slots) - 1}")
         if params.n_cache_reuse is None or not self.ctx.can_shift:
             params = replace(params, n_cache_reuse=self.config.cache_reuse)
-        request = Request(prompt, params)
+        request = Request(prompt, params, kv)
         request.on_cancel = self._wake
         with self._lock:
             if self._closing:
@@ -255,6 +258,8 @@ class Engine:
     def launch(self, slot: Slot, request: Request) -> None:
         """Start ``request`` on ``slot``, or go on with its preempted job (llama-server: launch_slot_with_task): the slot
         keeps what it holds of the request's tokens (a prefix, chunks moved into place), its job reads the rest."""
+        if request.kv is not None and request.id not in self.suspended:
+            return self.launch_from(slot, request, request.kv)
         tokens, params = self.tokens_of(request), request.params
         self.swap_prompt(slot, tokens, request)
         n_keep, n_moved = slot.reuse(self.ctx, tokens, params.cache_prompt, params.n_cache_reuse)
@@ -265,6 +270,27 @@ class Engine:
             job.resume(n_keep)
         slot.job = job
         request.start(slot.id, job.n_cached)  # a streamed answer can send its status line now
+
+    def launch_from(self, slot: Slot, request: Request, kv: KVState) -> None:
+        """Start ``request`` on ``slot`` from KV cells another engine read (llmkit's own: disaggregated prefill; llama-server
+        has none). The cells replace the slot's (its prompt goes to the prompt cache first), the tokens that engine
+        generated are this job's first ones, and it goes on from them as a preempted job does (``Job.resume``). Cells
+        this context cannot take: the request reads its prompt here, as any other."""
+        if self.prompt_cache is not None and slot.save_prompt(self.prompt_cache, self.ctx):
+            self.prompt_cache.update()
+        request.kv = None  # taken (or refused): a later launch, after a preemption, goes on from this engine's cache
+        if not slot.load_cells(self.ctx, list(kv.tokens), kv.cells):
+            log.warning("request %d: the KV cells handed over do not fit this context; it reads its prompt", request.id)
+            return self.launch(slot, request)
+        job = Job.start(request, self.model, len(kv.tokens), 0)  # may raise: the request fails alone
+        slot.job = job
+        request.start(slot.id, job.n_cached)
+        for token in kv.output:
+            self.process_token(slot, job, token, None)
+            if request.done:
+                return
+        job.resume(len(kv.tokens))
+        request.wake()
 
     def swap_prompt(self, slot: Slot, tokens: list[int], request: Request) -> None:
         """Before ``slot`` loses its prompt, copy it to RAM; bring back the cached prompt that serves ``tokens``
@@ -483,6 +509,8 @@ class Engine:
         if end is not End.CANCELLED and not job.stops.stopped:
             self.deliver(job, job.flush())
         outcome = job.outcome(end, slot.id, tokens_cached=slot.n_past)
+        if job.request.params.hand_off and end is not End.CANCELLED:  # disaggregated prefill: the cells go to a decode worker
+            outcome = replace(outcome, kv=KVState(tuple(slot.cache_tokens), outcome.output, self.ctx.seq_state(slot.id)))
         self._leave(slot, job, outcome.timings, ok=True)
         job.request.finish(outcome)
 

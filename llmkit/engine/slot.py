@@ -13,6 +13,7 @@ the job does not point back.
 
 from __future__ import annotations
 
+import mmap
 import time
 from typing import TYPE_CHECKING
 
@@ -144,6 +145,16 @@ class Slot:
             self.changed(0)
             self.cache_tokens = restored
             self.n_restored += 1
+
+    def load_cells(self, ctx: Context, tokens: list[int], cells: mmap.mmap | bytearray) -> bool:
+        """KV cells another context wrote for ``tokens`` (``KVState``) replace this slot's. False: this context could not
+        take them, and the slot is empty (disaggregated prefill: llmkit's own)."""
+        if not ctx.set_seq_state(self.id, cells):
+            self.clear_prompt(ctx)
+            return False
+        self.changed(0)
+        self.cache_tokens = list(tokens)
+        return True
 
     def clear_prompt(self, ctx: Context) -> None:
         ctx.seq_rm(self.id, 0, -1)
