@@ -228,11 +228,17 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
             "arrivals",
             "kv-cache",
             "speculation",
+            "priority",
         ],
         help="leave out a server or a scenario (no-budget: the slot server with --step-tokens 0; llama-server: built from "
         "the pinned llama.cpp; levels: the 1-8 stream levels; apis: the same streams through chat, Responses and Messages; "
-        "speculation: --spec-type ngram-simple and ngram-mod on and off, on both servers)",
+        "speculation: --spec-type ngram-simple and ngram-mod on and off, on both servers; priority: a high-priority "
+        "request while every slot is busy, waiting or preempting)",
     )
+    b.add_argument(
+        "--priority-rounds", type=int, default=3, metavar="N",
+        help="priority scenario: high-priority requests, each while every slot streams (default 3; 0: skip it)",
+    )  # fmt: skip
     b.add_argument(
         "--arrivals",
         type=int,
@@ -365,6 +371,7 @@ def bench(args: argparse.Namespace) -> int:
         out=Path(args.out), skip=frozenset(args.skip), ctx_per_slot=args.ctx_per_slot, prefix_tokens=args.prefix_tokens,
         arrivals=tuple(args.arrivals),
         cache_prompt=args.cache_prompt, soak=args.soak, rounds=args.rounds, greedy_runs=args.greedy_runs,
+        priority_rounds=args.priority_rounds,
     )  # fmt: skip
     try:
         results = bench_.run(cfg)

@@ -18,12 +18,16 @@ llama-server's ``server-context.cpp`` (``llama_decode``, ``common_batch_add``,
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
 import mmap
 import os
+import threading
 import weakref
+from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,12 +44,28 @@ log = logging.getLogger("llmkit.llama")
 _LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}  # ggml_log_level
 
 
+_captured = threading.local()  # capture_errors' list on this thread (llama.cpp logs on the thread that called it)
+
+
 @lc.llama_log_callback
 def _forward_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
     message = text.decode("utf-8", "replace").rstrip()
+    if level == 4 and message and (lines := getattr(_captured, "lines", None)) is not None:
+        lines.append(message)
     # level 5 continues the previous line (progress dots): not worth a log record
     if level in _LEVELS and message and log.isEnabledFor(_LEVELS[level]):
         log.log(_LEVELS[level], "%s", message)
+
+
+@contextlib.contextmanager
+def capture_errors() -> Iterator[list[str]]:
+    """The error lines llama.cpp writes on this thread inside the block (why it refused a grammar, ...)."""
+    lines: list[str] = []
+    _captured.lines = lines
+    try:
+        yield lines
+    finally:
+        _captured.lines = None
 
 
 @functools.cache  # once per process
@@ -87,6 +107,7 @@ class Model:
         self._formatter = self._chat_formatter()
         self._utf8_masks: dict[bytes, np.ndarray] = {}
         self._word_masks: dict[bytes, list[np.ndarray]] = {}  # Trigger's, per word
+        self.grammars = Grammars()  # the grammars parsed for this model, by text (llmkit.grammar.compile fills it)
 
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(1 << 16)
@@ -195,6 +216,7 @@ class Model:
 
     def close(self) -> None:
         if self.handle:
+            self.grammars.clear()  # their samplers point into this model's vocabulary
             lc.llama_model_free(self.handle)
             self.handle = None
 
@@ -506,10 +528,47 @@ class Grammar:
 
     @classmethod
     def parse(cls, text: str, model: Model) -> Grammar:
-        """``text`` parsed for ``model``; ValueError if llama.cpp refuses it."""
-        sampler = GrammarSampler(model, text)
+        """``text`` parsed for ``model``; ValueError with llama.cpp's reason if it refuses it."""
+        with capture_errors() as errors:
+            try:
+                sampler = GrammarSampler(model, text)
+            except ValueError:
+                raise ValueError("; ".join(line.strip() for line in errors) or "llama.cpp gave no reason") from None
         model.utf8_continues(b"")  # the vocabulary's bytes, read here (~0.4 s once), not in the engine's step
         return cls(text, sampler)
+
+
+class Grammars:
+    """The grammars parsed for one model, by their text, so a grammar sent again is parsed once (each request's
+    ``Sampler`` clones it). The oldest beyond ``limit`` are let go (a request still using one keeps it alive);
+    all are freed when the model closes. Safe from several threads (the server compiles off its event loop)."""
+
+    def __init__(self, limit: int = 256):
+        self.limit = limit
+        self._kept: OrderedDict[str, Grammar] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, text: str) -> Grammar | None:
+        with self._lock:
+            if (grammar := self._kept.get(text)) is not None:
+                self._kept.move_to_end(text)
+            return grammar
+
+    def keep(self, grammar: Grammar) -> Grammar:
+        with self._lock:
+            self._kept[grammar.text] = grammar
+            while len(self._kept) > self.limit:
+                self._kept.popitem(last=False)
+        return grammar
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def clear(self) -> None:
+        with self._lock:
+            for grammar in self._kept.values():
+                grammar.sampler.close()
+            self._kept.clear()
 
 
 class Sampler:

@@ -53,6 +53,7 @@ def test_bench_tiny_run(tmp_path, monkeypatch):
         api_streams=(1, 2),
         api_rounds=2,
         spec_streams=(1,),
+        priority_rounds=0,  # its own test: test_bench_priority_tiny_run
     )
     # speculation: one short prompt of each kind (its own prompts are a few hundred tokens each, read 16 times each here)
     monkeypatch.setattr(scenarios, "spec_prompts", lambda: {"copy": ["one two three, one two three, one two"], "free": ["Once upon a"]})
@@ -314,3 +315,21 @@ def test_a_run_without_the_concurrency_levels_writes_no_plot(tmp_path):
     )
     results = bench.run(bench.Config(out=tmp_path, skip=everything, soak=0, greedy_runs=0))
     assert results.plot_path is None and sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "results.md"]
+
+
+def test_bench_priority_tiny_run(tmp_path):
+    everything_else = {"sequential", "no-budget", "llama-server", "raw", "levels", "apis", "prefix", "arrivals", "kv-cache", "speculation"}
+    cfg = bench.Config(max_tokens=8, threads=1, out=tmp_path, skip=frozenset(everything_else), priority_rounds=2)
+    results = bench.run(cfg)
+
+    waits, kept, read_again = results.priority
+    assert [r.server for r in results.priority] == list(bench.PRIORITY_SERVERS)
+    assert waits.preempted == 0 and kept.preempted >= 2 and read_again.preempted >= 2  # each round preempted a running answer
+    assert all(r.low_total == 4 and 0 <= r.low_same <= 4 and r.ttft_max_ms >= r.ttft_ms > 0 for r in results.priority)
+    assert waits.low_same == 4  # compared with itself
+    saved = results.table_path.read_text()
+    rows = markdown_table(saved, "| server | high-priority TTFT")
+    assert [row[0] for row in rows[1:]] == list(bench.PRIORITY_SERVERS)
+    targets = {row[0]: row[2] for row in markdown_table(saved, "| target |")[1:]}
+    judged = [verdict for name, verdict in targets.items() if "high-priority TTFT, waiting / preempting" in name]
+    assert len(judged) == 2 and all(v in ("PASS", "FAIL") for v in judged)

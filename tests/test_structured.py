@@ -757,3 +757,18 @@ def test_constraint_resolution(body, expected):
             constraint_of(request)
     else:
         assert constraint_of(request) == expected
+
+
+def test_a_grammar_is_kept_by_its_model_and_freed_with_it(model_path):
+    from llmkit.llama import Model
+
+    model = Model(model_path)
+    first = grammar.compile(grammar.Gbnf('root ::= "yes" | "no"'), model)
+    assert grammar.compile(grammar.Gbnf('root ::= "yes" | "no"'), model) is first  # sent again: not parsed again
+    assert len(model.grammars) == 1
+    model.grammars.limit = 2
+    for word in ("a", "b"):
+        grammar.compile(grammar.Gbnf(f'root ::= "{word}"'), model)
+    assert len(model.grammars) == 2 and model.grammars.get('root ::= "yes" | "no"') is None  # the oldest let go
+    model.close()
+    assert len(model.grammars) == 0  # nothing of a closed model stays alive in a process-wide cache

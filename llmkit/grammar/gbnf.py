@@ -12,14 +12,10 @@ llama.cpp hang or crash the process instead of refusing:
 - a grammar that allows no token at all at the start.
 
 A grammar that passes is a ``Grammar``: llama.cpp's parse of it, which every
-request's sampler clones (cached per text and model).
+request's sampler clones (kept by the model, Model.grammars, and freed with it).
 """
 
 from __future__ import annotations
-
-import functools
-import logging
-import threading
 
 import numpy as np
 
@@ -372,27 +368,14 @@ class _Components:
                 break
 
 
-class _LlamaErrors(logging.Handler):
-    """Collects llama.cpp's error lines logged on this thread (llmkit.llama forwards them)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.thread = threading.get_ident()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.thread == self.thread:
-            self.lines.append(record.getMessage())
-
-
 def check(gbnf: str, model: Model) -> Grammar:
-    """``gbnf`` parsed for ``model``, or ``GrammarError`` (a ValueError) with the reason a slot could not serve it."""
+    """``gbnf`` parsed for ``model``, or ``GrammarError`` (a ValueError) with the reason a slot could not serve it.
+    A grammar that passed is kept by the model (``Model.grammars``): sent again, it is neither checked nor parsed."""
     if len(gbnf) > MAX_GRAMMAR_CHARS:
         raise GrammarError(f"the grammar is {len(gbnf)} characters long: the limit is {MAX_GRAMMAR_CHARS}")
-    return _check(gbnf, model)
+    return model.grammars.get(gbnf) or model.grammars.keep(_check(gbnf, model))
 
 
-@functools.lru_cache(maxsize=256)  # only grammars that passed are remembered
 def _check(gbnf: str, model: Model) -> Grammar:
     try:
         raw = gbnf.encode()
@@ -401,16 +384,10 @@ def _check(gbnf: str, model: Model) -> Grammar:
     if b"\x00" in raw:
         raise GrammarError("the grammar holds a NUL character")
     _check_left_recursion(_GbnfReader(gbnf).parse())
-    errors = _LlamaErrors()
-    llama_log = logging.getLogger("llmkit.llama")
-    llama_log.addHandler(errors)
     try:
         grammar = Grammar.parse(gbnf, model)
-    except ValueError:
-        why = "; ".join(line.strip() for line in errors.lines) or "see the server log"
+    except ValueError as why:
         raise GrammarError(f"llama.cpp refused the grammar: {why}") from None
-    finally:
-        llama_log.removeHandler(errors)
     probe = grammar.sampler.clone()  # the first step: some token (or the end) must be allowed
     try:
         probe.masked(np.zeros(model.n_vocab, dtype=np.float32))

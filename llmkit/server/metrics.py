@@ -41,6 +41,7 @@ COUNTERS = {  # counter name -> its help text (the same words as llama-server's)
     "step_seconds_total": "Time spent in engine steps (llama_decode + Python)",
     "batch_prompt_tokens_total": "Prompt tokens put in llama_decode() batches",
     "batch_generated_tokens_total": "Tokens of generating slots put in llama_decode() batches (one per slot per step, plus drafts)",
+    "requests_preempted_total": "Running requests that left their slot for one of a higher priority (--scheduling-policy priority)",
 }
 
 

@@ -29,6 +29,11 @@ What one run measures (and writes to ``bench-results/``: results.md, results.jso
   JSON document, quote a paragraph) and to free text, 1 and 4 clients, with and without back to back in
   each round: tok/s and the speedup, draft acceptance (``draft_n_accepted / draft_n`` from the
   timings), and how many speculative answers equal the same server's answer without;
+- priority (``scenarios.priority``): a slot server of 2 slots streaming long low-priority answers when a
+  high-priority request comes: its time to first token on a server that makes it wait for a slot (llama-server's
+  policy: llama-server itself has no priorities) and on ones that preempt (``--scheduling-policy priority``), the
+  preempted answer's KV cache kept in the host-RAM prompt cache or read again (``--cache-ram 0``), and whether the
+  preempted answers came out as on the server that never preempts;
 - with ``--soak N``: N short requests with distinct prefixes to a slot server with
   4 slots of 2048 tokens and ``--cache-ram 64``, its resident memory sampled every
   100 requests (``scenarios.soak``);
@@ -55,7 +60,8 @@ The package, one role per module:
     prompts    the texts, the translation prompt, long made-up texts of N tokens
     servers    SequentialServer, OpenAIServer: each kind's request and stream; starting them
     raw        RawDecoder: the same work on llama.cpp alone
-    scenarios  what is measured: all_levels, api_streaming, prefix_reuse, arrivals, kv_cache, speculation, soak, greedy_drift
+    scenarios  what is measured: all_levels, api_streaming, prefix_reuse, arrivals, kv_cache, speculation, priority, soak,
+               greedy_drift
     report     tables, plot, targets, and the files written
     run() (here) runs them all and writes the results
 """
@@ -64,6 +70,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import uuid
 from dataclasses import dataclass
@@ -76,6 +83,8 @@ from llmkit.course.bench import report
 from llmkit.course.bench.config import (
     CACHE_REUSE,
     NO_BUDGET,
+    PRIORITY_SERVERS,
+    PRIORITY_SLOTS,
     RAW,
     SMALL_BATCH,
     SOAK_CACHE_RAM_MIB,
@@ -93,6 +102,7 @@ from llmkit.course.bench.scenarios import (
     KvCache,
     Measured,
     PrefixReuse,
+    Priority,
     Row,
     Soak,
     SpecServer,
@@ -103,14 +113,15 @@ from llmkit.course.bench.scenarios import (
     greedy_drift,
     kv_cache,
     prefix_reuse,
+    priority,
     soak,
     speculation,
 )
 from llmkit.course.bench.servers import OpenAIServer, SequentialServer, Server, server_flags, start_servers, start_small_batch
 
 __all__ = [
-    "LANG", "NO_BUDGET", "RAW", "SMALL_BATCH", "TEXTS", "BenchError", "Config", "Measured", "OpenAIServer", "RawDecoder", "Results", "Row",
-    "SequentialServer", "Server", "Target", "chat_prompt", "long_system_prompt", "long_text", "run",
+    "LANG", "NO_BUDGET", "PRIORITY_SERVERS", "RAW", "SMALL_BATCH", "TEXTS", "BenchError", "Config", "Measured", "OpenAIServer",
+    "RawDecoder", "Results", "Row", "SequentialServer", "Server", "Target", "chat_prompt", "long_system_prompt", "long_text", "run",
 ]  # fmt: skip
 
 
@@ -163,9 +174,26 @@ def measure(cfg: Config) -> Measured:
         m.soak = soak_run(cfg)
     if cfg.spec_streams and "speculation" not in cfg.skip:
         m.speculation = speculation_runs(cfg)
+    if cfg.priority_rounds and "priority" not in cfg.skip and "slots" not in cfg.skip:
+        m.priority = priority_runs(cfg)
     if cfg.greedy_runs:
         m.greedy = greedy_drift(cfg)
     return m
+
+
+def priority_runs(cfg: Config) -> list[Priority]:
+    """Each of ``PRIORITY_SERVERS`` started alone with ``PRIORITY_SLOTS`` slots; the low answers compared with those of the
+    first (a server that never preempts)."""
+    flags = [*server_flags(cfg), "-np", str(PRIORITY_SLOTS), "-c", str(PRIORITY_SLOTS * cfg.ctx_per_slot), "--metrics"]
+    results, lows = [], []
+    for name, extra in tqdm(PRIORITY_SERVERS.items(), desc="priority", leave=False):
+        with launch.serve("slots", *flags, *extra) as p:
+            result, low = asyncio.run(priority(OpenAIServer(name, p.url), PRIORITY_SLOTS, cfg.priority_rounds, cfg))
+        results.append(result)
+        lows.append(low)
+    same = [sum(a == b for run, first in zip(low, lows[0], strict=True) for a, b in zip(run, first, strict=True)) for low in lows]
+    total = PRIORITY_SLOTS * cfg.priority_rounds
+    return [dataclasses.replace(r, low_same=n, low_total=total) for r, n in zip(results, same, strict=True)]
 
 
 def prefix_runs(servers: list[Server], cfg: Config) -> list[PrefixReuse]:

@@ -25,6 +25,13 @@ def spec_mode(spec_type: str, slow_start: int = 0) -> str:
 
 
 GREEDY_SLOTS = 4  # the greedy-drift engine's slots (explicit n_parallel: one KV stream each), as chapter 6's server
+PRIORITY_SLOTS = 2  # the priority scenario's slots, all busy with low-priority streams when the high-priority request comes
+# the priority scenario's slot servers: name -> flags (llama-server has no priority: it is the first one's way)
+PRIORITY_SERVERS = {
+    "slots, llama-server's policy (waits)": (),
+    "slots, priority (preempts, KV kept in RAM)": ("--scheduling-policy", "priority"),
+    "slots, priority (preempts, KV read again)": ("--scheduling-policy", "priority", "--cache-ram", "0"),
+}
 
 
 @dataclass
@@ -35,7 +42,7 @@ class Config:
     model: str | None = None
     urls: dict[str, str] = field(default_factory=dict)  # name -> base URL of an OpenAI-compatible server
     out: Path = Path("bench-results")
-    # any of: sequential, slots, no-budget, llama-server, raw, prefix, arrivals, kv-cache, speculation; apis, levels (the
+    # any of: sequential, slots, no-budget, llama-server, raw, prefix, arrivals, kv-cache, speculation, priority; apis, levels (the
     # concurrency levels)
     skip: frozenset[str] = frozenset()
     ctx_per_slot: int = 1024
@@ -53,6 +60,7 @@ class Config:
     api_streams: tuple[int, ...] = (1, 8)  # API streaming cost: concurrent streams through each chat API (empty: skip it)
     api_rounds: int = 5  # API streaming cost: rounds, each API's ratio to chat taken within a round, the median reported
     spec_streams: tuple[int, ...] = (1, 4)  # speculation: concurrent clients, each sending every prompt in turn (empty: skip it)
+    priority_rounds: int = 3  # priority: high-priority requests sent, each while every slot streams (0: skip it)
 
     @property
     def api_levels(self) -> tuple[int, ...]:
