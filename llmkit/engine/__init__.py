@@ -15,12 +15,12 @@ engine.py        the loop: step = admit + update_slots (plan, decode, commit, sa
 
 from llmkit.engine.config import EngineConfig
 from llmkit.engine.engine import Engine
-from llmkit.engine.request import ContextSizeError, End, EngineError, Outcome, Piece, Request, RequestParams, Status
+from llmkit.engine.request import ContextSizeError, End, EngineError, KVState, Outcome, Piece, Request, RequestParams, Status
 from llmkit.engine.scheduler import FairShare, LlamaServerPolicy, Policy, PriorityPolicy, ShortestPromptFirst
 from llmkit.engine.status import Counters, EngineStatus, SlotStatus, StepRecord
 
 __all__ = [
-    "Counters", "ContextSizeError", "End", "Engine", "EngineConfig", "EngineError", "EngineStatus", "FairShare",
+    "Counters", "ContextSizeError", "End", "Engine", "EngineConfig", "EngineError", "EngineStatus", "FairShare", "KVState",
     "LlamaServerPolicy", "Outcome", "Piece", "Policy", "PriorityPolicy", "Request", "RequestParams",
     "ShortestPromptFirst", "SlotStatus", "Status", "StepRecord",
 ]  # fmt: skip

@@ -13,6 +13,7 @@ Module map (llama-server's tools/server/ files in brackets):
     middleware  loading / API-key / body-size gate, request log            [server-http.cpp]
     metrics     Prometheus text from the engine's counters                 [server-task.cpp to_metrics]
     kv_publisher  KV events over ZMQ and where they are, for kv_aware routing  [none: vLLM's ZmqEventPublisher]
+    handoff     disaggregated prefill and decode: KV cells between workers [none: vLLM's kv_transfer_params]
 
     app = create_app(engine_or_loader, Settings(alias="smollm2"))
 """

@@ -11,6 +11,7 @@ The routes live by role (llama-server's paths: without ``/v1``,
     info         GET /health, /v1/models, /props, /slots, /metrics; POST /tokenize, /detokenize, /apply-template
     worker       POST /v1/chat/completions/render, /v1/responses/render                   (what a router asks first)
     kv_publisher GET /get_server_info, /kv_event_sources; the KV events over ZMQ        (what kv_aware routing reads)
+    handoff      GET /kv_handoff/{id}: a prefill worker's KV cells for its decode worker  (disaggregated prefill)
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
 
-from llmkit.server import embeddings, errors, generation, info, kv_publisher, messages, responses, worker
+from llmkit.server import embeddings, errors, generation, handoff, info, kv_publisher, messages, responses, worker
 from llmkit.server.middleware import AccessLog, Gate
 from llmkit.server.state import ServerState, ServingEngine, Settings
 
@@ -55,6 +56,6 @@ def create_app(engine: ServingEngine | Callable[[], ServingEngine], settings: Se
     app.add_middleware(Gate, not_ready=state.not_ready, api_key=state.settings.api_key, max_body_size=state.settings.max_body_size)
     app.add_middleware(AccessLog)  # added last: outermost, so it logs the gate's answers too
     for routes in (info.router, embeddings.router, generation.router, responses.router, messages.router, worker.router,
-                   kv_publisher.router):  # fmt: skip
+                   kv_publisher.router, handoff.router):  # fmt: skip
         app.include_router(routes)
     return app

@@ -101,6 +101,7 @@ class GenerationRequest(ApiModel):
     json_schema: dict | None = None
     sse_ping_interval: int | None = None  # seconds of silence before a ping, this stream only (None: the server's)
     priority: int | None = None  # llmkit's (vLLM's field): lower goes first under --scheduling-policy priority
+    kv_transfer_params: dict[str, Any] | None = None  # vLLM's: disaggregated prefill and decode (llmkit.server.handoff)
 
     @property
     def include_usage(self) -> bool:

@@ -20,7 +20,7 @@ from fastapi import Depends, Request
 from prometheus_client import CollectorRegistry
 
 import llmkit
-from llmkit.engine import EngineStatus, RequestParams
+from llmkit.engine import EngineStatus, KVState, RequestParams
 from llmkit.engine import Request as EngineRequest
 from llmkit.llama import Model, SamplingParams
 from llmkit.server import metrics
@@ -28,7 +28,8 @@ from llmkit.server.errors import ApiError
 
 if TYPE_CHECKING:
     from llmkit.server.embeddings import Embedder  # whose routes read this module
-    from llmkit.server.kv_publisher import KVPublisher  # likewise
+    from llmkit.server.handoff import Handoffs  # likewise
+    from llmkit.server.kv_publisher import KVPublisher
 
 log = logging.getLogger("llmkit.server")
 
@@ -63,11 +64,17 @@ class ServingEngine(Protocol):
     @property
     def model(self) -> Model: ...
 
-    def submit(self, prompt: list[int], params: RequestParams | None = None) -> EngineRequest: ...
+    def submit(self, prompt: list[int], params: RequestParams | None = None, kv: KVState | None = None) -> EngineRequest: ...
 
     def status(self) -> EngineStatus: ...
 
     def close(self) -> None: ...
+
+
+def new_handoffs() -> Handoffs:
+    from llmkit.server.handoff import Handoffs  # whose routes read this module
+
+    return Handoffs()
 
 
 @dataclass
@@ -79,6 +86,7 @@ class ServerState:
     embedder: Embedder | None = None
     load_error: Exception | None = None
     kv_publisher: KVPublisher | None = None
+    handoffs: Handoffs = field(default_factory=new_handoffs)  # a prefill worker's KV cells, kept for its decode workers
     t_start: int = field(default_factory=lambda: int(time.time()))  # when the server started, Unix seconds
     registry: CollectorRegistry = field(init=False)
 
