@@ -402,7 +402,8 @@ def fleet_command(args: argparse.Namespace) -> int:
     try:
         if args.trace:
             plan = trace.make_trace(args.seed, args.tenants, args.conversations, args.turns)
-            print(f"trace: {plan.n_requests} requests, {len(plan.conversations)} conv., {len(plan.tenants)} tenants (seed {args.seed})")
+            sizes = f"{plan.n_requests} requests, {len(plan.conversations)} conversations, {len(plan.tenants)} tenants"
+            print(f"trace (seed {args.seed}): {sizes}")
             runs = {}
             for policy in args.policy:
                 load = os.getloadavg()[0]
