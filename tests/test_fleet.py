@@ -203,8 +203,12 @@ def test_a_killed_replica_fails_only_its_in_flight_requests_and_rejoins_after_a_
 # --- a fleet of the real llama-server ------------------------------------------------------------------------------
 
 
-def test_a_fleet_of_llama_servers_routes_a_chat_to_each_replica():
-    with fleet.start(2, "llama-server", "round_robin", flags=("--temp", "0", "-np", "1", "-c", "1024")) as f:
+def test_a_fleet_of_llama_servers_routes_a_chat_to_each_replica_and_ctrl_c_stops_every_process():
+    with pytest.raises(KeyboardInterrupt), fleet.start(2, "llama-server", "round_robin", flags=("-np", "1", "-c", "1024")) as f:
         answers = [chat(f.url, [{"role": "user", "content": "Name a colour."}]) for _ in range(2)]
+        raise KeyboardInterrupt
     assert all(a["choices"][0]["message"]["content"] for a in answers)
     assert sorted(f.replica_of(a) for a in answers) == [0, 1]
+    for process in (f.router, *f.replicas):
+        assert not process.running()
+        launch.check_free(process.port)  # no port left bound
