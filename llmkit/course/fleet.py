@@ -187,12 +187,18 @@ def run_trace(fleet: Fleet, trace: Trace, **params: Any) -> list[Record]:
 
 
 def compare(
-    server: str, policies: Sequence[str], trace: Trace, replicas: int = 2, flags: Sequence[str] = (), **params: Any
+    server: str,
+    policies: Sequence[str],
+    trace: Trace,
+    replicas: int = 2,
+    flags: Sequence[str] = (),
+    router_flags: Sequence[str] = (),
+    **params: Any,
 ) -> dict[str, list[Record]]:
     """The same trace through a fresh fleet per policy (cold caches each time): policy -> the replay's records."""
     results = {}
     for policy in policies:
-        with start(replicas, server, policy, flags=flags) as fleet:
+        with start(replicas, server, policy, flags=flags, router_flags=router_flags) as fleet:
             results[policy] = run_trace(fleet, trace, **params)
     return results
 
