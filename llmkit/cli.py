@@ -280,6 +280,7 @@ def add_fleet_parser(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--policy", nargs="+", default=["cache_aware"], help="the router's policy (default cache_aware); several with --trace")
     f.add_argument("--port", type=int, default=None, help="the router's port (default: a free one)")
     f.add_argument("--flags", default="", help='more flags for every replica, one string: --flags "-c 4096 -np 2"')
+    f.add_argument("--router-flags", default="", help='more flags for vllm-router: --router-flags "--balance-abs-threshold 2"')
     f.add_argument("--trace", action="store_true", help="replay the multi-tenant trace through each policy, print what it measured, exit")
     f.add_argument("--seed", type=int, default=0, help="the trace's seed (default 0)")
     f.add_argument("--conversations", type=int, default=10, help="the trace's conversations (default 10)")
@@ -423,20 +424,22 @@ def fleet_command(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind like Ctrl-C: the fleet is stopped on the way out
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    flags = shlex.split(args.flags)
+    flags, router_flags = shlex.split(args.flags), shlex.split(args.router_flags)
     try:
         if args.trace:
             plan = trace.make_trace(args.seed, args.tenants, args.conversations, args.turns)
-            print(f"trace: {plan.n_requests} requests, {len(plan.conversations)} conv., {len(plan.tenants)} tenants (seed {args.seed})")
+            sizes = f"{plan.n_requests} requests, {len(plan.conversations)} conversations, {len(plan.tenants)} tenants"
+            print(f"trace (seed {args.seed}): {sizes}")
             runs = {}
             for policy in args.policy:
                 load = os.getloadavg()[0]
-                runs[policy] = fleet.compare(args.server, [policy], plan, args.replicas, flags, max_tokens=args.max_tokens)[policy]
+                run = fleet.compare(args.server, [policy], plan, args.replicas, flags, router_flags, max_tokens=args.max_tokens)
+                runs[policy] = run[policy]
                 print(f"{args.server} x{args.replicas} {policy:<16} {trace.summarize(runs[policy]).line()}  (load {load:.1f})", flush=True)
             if args.out:
                 Path(args.out).write_text(json.dumps({p: [dataclasses.asdict(r) for r in rs] for p, rs in runs.items()}, indent=1))
             return 0
-        with fleet.start(args.replicas, args.server, args.policy[0], flags=flags, port=args.port) as running:
+        with fleet.start(args.replicas, args.server, args.policy[0], flags=flags, router_flags=router_flags, port=args.port) as running:
             print(f"router ({args.policy[0]}): {running.url}")
             for name, path in running.logs.items():
                 print(f"  {name}: {path}")

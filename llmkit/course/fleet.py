@@ -14,15 +14,19 @@ spinning threads must not fight over the cores. Every process has its own log (`
 exit, on an exception and on Ctrl-C. A port that is taken is named before anything starts, and a replica that fails
 to start is named with its log's last lines.
 
-The router's defaults suit a data centre; two are shortened here so a fleet on a laptop reacts within seconds
-(``ROUTER_FLAGS``): the start-up poll of each replica's ``/health`` (30 s → 1 s) and the health check after it
-(60 s → 2 s: a replica that died is out after 3 failed checks, back after 2 good ones).
+The router's defaults suit a data centre; three are shortened here so a fleet on a laptop reacts within seconds
+(``ROUTER_FLAGS``): the start-up poll of each replica's ``/health`` (30 s → 1 s), the health check after it
+(60 s → 2 s: a replica that died is out after 3 failed checks, back after 2 good ones), and how long an open
+circuit keeps a replica out (60 s → 10 s): 10 failed attempts in a row open it, and when a replica dies under load
+its retries fail that fast, before any health check.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
+import json
 import signal
 import subprocess
 import time
@@ -41,7 +45,7 @@ from llmkit.course.trace import Record, Trace, replay
 POLICIES = ("random", "round_robin", "power_of_two", "consistent_hash", "cache_aware", "kv_aware", "sticky_least_loaded")
 SERVERS = ("slots", "llama-server")
 REPLICA_FLAGS = ("-t", "1")
-ROUTER_FLAGS = ("--worker-startup-check-interval", "1", "--health-check-interval-secs", "2")
+ROUTER_FLAGS = ("--worker-startup-check-interval", "1", "--health-check-interval-secs", "2", "--cb-timeout-duration-secs", "10")
 
 
 class FleetError(RuntimeError):
@@ -183,11 +187,80 @@ def run_trace(fleet: Fleet, trace: Trace, **params: Any) -> list[Record]:
 
 
 def compare(
-    server: str, policies: Sequence[str], trace: Trace, replicas: int = 2, flags: Sequence[str] = (), **params: Any
+    server: str,
+    policies: Sequence[str],
+    trace: Trace,
+    replicas: int = 2,
+    flags: Sequence[str] = (),
+    router_flags: Sequence[str] = (),
+    **params: Any,
 ) -> dict[str, list[Record]]:
     """The same trace through a fresh fleet per policy (cold caches each time): policy -> the replay's records."""
     results = {}
     for policy in policies:
-        with start(replicas, server, policy, flags=flags) as fleet:
+        with start(replicas, server, policy, flags=flags, router_flags=router_flags) as fleet:
             results[policy] = run_trace(fleet, trace, **params)
     return results
+
+
+# --- a replica fails under load -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """One request of ``drill``: when it was sent, how long it took, who answered, what went wrong."""
+
+    client: int
+    sent: float  # seconds after the drill began
+    seconds: float
+    replica: int | None
+    pieces: int
+    error: str | None  # None, "HTTP 5xx: ...", or the client's exception (a stream broken off)
+
+
+async def drill(fleet: Fleet, victim: int = 1, clients: int = 6, seconds: float = 40, kill_at: float = 10, restart_at: float = 25) -> dict:
+    """``clients`` users sending short streamed chats back to back for ``seconds`` (bounded load, loopback only);
+    replica ``victim`` is killed at ``kill_at`` and restarted on its port at ``restart_at``. Returns every
+    ``Outcome`` and the times of the kill, of the restart and of the router's /health back to 200."""
+    t0, events = time.perf_counter(), {}
+
+    async def chaos() -> None:
+        await asyncio.sleep(kill_at)
+        fleet.kill(victim)
+        events["killed"] = time.perf_counter() - t0
+        await asyncio.sleep(max(0.0, restart_at - (time.perf_counter() - t0)))
+        events["restarted"] = time.perf_counter() - t0
+        await asyncio.to_thread(fleet.restart, victim)
+        events["rejoined"] = time.perf_counter() - t0
+
+    async def user(c: int, client: httpx.AsyncClient) -> list[Outcome]:
+        outcomes, k = [], 0
+        while time.perf_counter() - t0 < seconds:
+            body = {"model": "any", "messages": [{"role": "user", "content": f"User {c}, question {k}: name a number."}], "max_tokens": 24}
+            sent = time.perf_counter() - t0
+            result = await ask_streamed(client, fleet, body)
+            outcomes.append(Outcome(c, sent, time.perf_counter() - t0 - sent, *result))
+            k += 1
+        return outcomes
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(60, connect=5)) as client:
+        users = asyncio.gather(*(user(c, client) for c in range(clients)))
+        _, runs = await asyncio.gather(chaos(), users)
+    return {"outcomes": [o for outcomes in runs for o in outcomes], **events}
+
+
+async def ask_streamed(client: httpx.AsyncClient, fleet: Fleet, body: dict) -> tuple[int | None, int, str | None]:
+    """Stream one chat through the router: (replica, pieces, error)."""
+    replica, pieces = None, 0
+    try:
+        async with client.stream("POST", f"{fleet.url}/v1/chat/completions", json=body | {"stream": True}) as r:
+            if r.status_code != 200:
+                return None, 0, f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}"
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    replica = fleet.replica_of(chunk) if replica is None else replica
+                    pieces += 1
+    except httpx.HTTPError as exc:
+        return replica, pieces, f"{type(exc).__name__}: {exc}"
+    return replica, pieces, None

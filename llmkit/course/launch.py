@@ -10,10 +10,6 @@ what they started:
   (``llmkit.course.upstream.server_binary``), on the same model unless ``-m`` is given;
 - ``serve_app(app)`` runs an ASGI app on uvicorn in a thread of this
   process, for when you want to change the app first (add a route, say).
-
-``serve("vllm-router", "--worker-urls", URL, ...)`` runs the router of a fleet the same way
-(``llmkit.course.fleet`` starts replicas and their router in one line). A port that is given
-and taken is a ``PortInUse`` naming it, before anything starts.
 """
 
 from __future__ import annotations
