@@ -27,9 +27,8 @@ from contextlib import contextmanager
 
 import httpx
 
-from llmkit.course import launch
+from llmkit.course import fleet, launch
 from llmkit.course.client import astream, chat_piece
-from llmkit.course.fleet import ROUTER_FLAGS, stop_all
 from llmkit.course.trace import WORDS
 
 SERVER_FLAGS = ("--temp", "0", "-np", "2", "--cache-ram", "0")
@@ -53,16 +52,8 @@ def colocated() -> Iterator[str]:
 @contextmanager
 def disaggregated() -> Iterator[tuple[str, str]]:
     """The router's URL and the prefill worker's."""
-    workers = [launch.spawn("slots", "-t", "1", *SERVER_FLAGS, name=name) for name in ("prefill", "decode")]
-    router = None
-    try:
-        for worker in workers:
-            worker.wait_ready()
-        flags = ("--vllm-pd-disaggregation", "--prefill", workers[0].url, "--decode", workers[1].url, "--policy", "round_robin")
-        router = launch.start("vllm-router", *flags, "--prometheus-port", str(launch.free_port()), *ROUTER_FLAGS)
-        yield router.url, workers[0].url
-    finally:
-        stop_all([router, *workers] if router is not None else workers)
+    with fleet.start(2, "slots", "round_robin", flags=SERVER_FLAGS, pd=True) as f:
+        yield f.url, f.replicas[0].url
 
 
 def transfer(prefill_url: str, n_words: int, seed: int) -> dict:

@@ -10,8 +10,7 @@ import time
 import httpx
 import pytest
 
-from llmkit.course import launch
-from llmkit.course.fleet import ROUTER_FLAGS, stop_all
+from llmkit.course import fleet, launch
 from llmkit.engine import Engine, EngineConfig, KVState, RequestParams
 from llmkit.server.handoff import Handoffs, tokens_sha256
 
@@ -66,17 +65,9 @@ def test_a_state_of_another_prompt_is_an_error(model):
 
 @pytest.fixture(scope="module")
 def pd():
-    """The prefill worker, the decode worker, and the router in front of them (vllm-router --vllm-pd-disaggregation)."""
-    workers = [launch.spawn("slots", "-t", "1", "--temp", "0", name=name) for name in ("prefill", "decode")]
-    router = None
-    try:
-        for worker in workers:
-            worker.wait_ready()
-        flags = ("--vllm-pd-disaggregation", "--prefill", workers[0].url, "--decode", workers[1].url, "--policy", "round_robin")
-        router = launch.start("vllm-router", *flags, "--prometheus-port", str(launch.free_port()), *ROUTER_FLAGS)
-        yield router, *workers
-    finally:
-        stop_all([router, *workers] if router is not None else workers)
+    """The router (vllm-router --vllm-pd-disaggregation), the prefill worker and the decode worker, -t 1 each."""
+    with fleet.start(2, "slots", "round_robin", flags=("--temp", "0"), pd=True) as f:
+        yield f.router, *f.replicas
 
 
 BODY = {"model": "m", "messages": MESSAGES, "max_tokens": 30, "temperature": 0}
