@@ -4,6 +4,7 @@ prompts arrive (issue 29, item 4).
 
     python scripts/pd_measure.py                          # 3 rounds, 3 long prompts of ~1,500 tokens a round
     python scripts/pd_measure.py --rounds 5 --words 2000 --n-long 4
+    python scripts/pd_measure.py --colocated-threads 2 1         # the co-located server at -t 2, and at -t 1
 
 1. The transfer, on the PD pair: a long prompt prefilled on P with ``kv_transfer_params`` (as the router sends it),
    then ``GET /kv_handoff/{id}`` timed from here: bytes per prompt token, ms, MB/s (loopback: one machine).
@@ -41,8 +42,8 @@ def long_prompt(seed: int, n_words: int) -> list[dict]:
 
 
 @contextmanager
-def colocated() -> Iterator[str]:
-    server = launch.start("slots", "-t", "2", *SERVER_FLAGS)
+def colocated(threads: int) -> Iterator[str]:
+    server = launch.start("slots", "-t", str(threads), *SERVER_FLAGS)
     try:
         yield server.url
     finally:
@@ -110,21 +111,23 @@ def main() -> None:
     parser.add_argument("--n-long", type=int, default=3)
     parser.add_argument("--spacing", type=float, default=0.5)
     parser.add_argument("--tokens", type=int, default=200, help="the running stream's length")
+    parser.add_argument("--colocated-threads", type=int, nargs="+", default=[2], help="-t of the co-located server (several: a row each)")
     args = parser.parse_args()
-    rows: dict[str, list[dict]] = {"co-located": [], "pd": []}
+    rows: dict[str, list[dict]] = {f"co-located -t {t}": [] for t in args.colocated_threads} | {"pd (-t 1 + -t 1)": []}
     transfers = []
     for r in range(args.rounds):
-        with colocated() as url:
-            rows["co-located"].append(asyncio.run(under_long_prompts(url, args, seed=r + 1)))
+        for threads in args.colocated_threads:
+            with colocated(threads) as url:
+                rows[f"co-located -t {threads}"].append(asyncio.run(under_long_prompts(url, args, seed=r + 1)))
         with disaggregated() as (url, prefill_url):
-            rows["pd"].append(asyncio.run(under_long_prompts(url, args, seed=r + 1)))
+            rows["pd (-t 1 + -t 1)"].append(asyncio.run(under_long_prompts(url, args, seed=r + 1)))
             transfers.append(transfer(prefill_url, args.words, seed=1000 + r))
         print(f"round {r + 1}: " + "  ".join(f"{k} {v[-1]}" for k, v in rows.items()), flush=True)
     print(f"\ntransfer (loopback), median of {len(transfers)}: " + ", ".join(
         f"{k} {statistics.median(t[k] for t in transfers):,.1f}" for k in ("tokens", "bytes_per_token", "ms", "mb_per_s")))  # fmt: skip
     for name, results in rows.items():
         cells = ", ".join(f"{k} {statistics.median(x[k] for x in results):,.0f}" for k in ("gap_p50", "gap_p99", "gap_max", "ttft"))
-        print(f"{name:<11} (ms, median of {len(results)} rounds): {cells}")
+        print(f"{name:<17} (ms, median of {len(results)} rounds): {cells}")
 
 
 if __name__ == "__main__":

@@ -110,12 +110,12 @@ def test_a_decode_worker_without_the_cells_reads_the_prompt_itself(pd, where):
 
 
 def test_cells_are_taken_once_and_kept_for_a_while():
-    kept, kv = Handoffs(ttl=0.2, max_kept=2), KVState((1, 2), (3,), bytearray(4))
+    kept, kv = Handoffs(ttl=0.2, max_bytes=8), KVState((1, 2), (3,), bytearray(4))
     key = kept.put(kv)
     assert kept.take(key) is kv and kept.take(key) is None  # once
     old, new = kept.put(kv), kept.put(kv)
     kept.put(kv)
-    assert kept.take(old) is None and kept.take(new) is kv  # beyond max_kept, the oldest goes first
+    assert kept.take(old) is None and kept.take(new) is kv  # beyond max_bytes, the oldest goes first
     late = kept.put(kv)
     time.sleep(0.3)
     assert kept.take(late) is None  # expired

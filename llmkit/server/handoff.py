@@ -46,7 +46,7 @@ log = logging.getLogger("llmkit.server")
 router = APIRouter()
 
 TTL = 60.0  # seconds a prefill worker keeps cells for their decode worker
-MAX_KEPT = 64  # cells kept at most at once (the oldest go first)
+MAX_BYTES = 1 << 30  # cells kept at most at once, in bytes (the oldest go first): SmolLM2-135M's are 23 KB a token
 FETCH_TIMEOUT = 30.0
 
 
@@ -56,16 +56,17 @@ def tokens_sha256(tokens: list[int]) -> str:
 
 
 class Handoffs:
-    """A prefill worker's cells waiting for their decode worker, by id: each taken once, or dropped after ``TTL``."""
+    """A prefill worker's cells waiting for their decode worker, by id: each taken once, or dropped after ``ttl``
+    seconds, or when newer ones need the room (``max_bytes``)."""
 
-    def __init__(self, ttl: float = TTL, max_kept: int = MAX_KEPT):
-        self.ttl, self.max_kept = ttl, max_kept
+    def __init__(self, ttl: float = TTL, max_bytes: int = MAX_BYTES):
+        self.ttl, self.max_bytes = ttl, max_bytes
         self.kept: dict[str, tuple[KVState, float]] = {}  # oldest first
         self.ids = itertools.count(1)
 
     def put(self, kv: KVState) -> str:
         self.expire()
-        while len(self.kept) >= self.max_kept:
+        while self.kept and sum(len(k.cells) for k, _ in self.kept.values()) + len(kv.cells) > self.max_bytes:
             del self.kept[next(iter(self.kept))]
         key = f"kv-{next(self.ids)}-{time.time_ns()}"
         self.kept[key] = (kv, time.monotonic() + self.ttl)
