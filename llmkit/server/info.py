@@ -18,6 +18,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from llmkit.engine import SlotStatus
+from llmkit.engine.speculative import SpecType
 from llmkit.llama import Model
 from llmkit.server import metrics
 from llmkit.server.errors import ApiError, off_loop
@@ -90,7 +91,7 @@ async def slots(state: State) -> list[dict]:
     if not state.settings.slots:
         raise ApiError(501, "This server does not support slots endpoint. Start it with `--slots`")
     status = state.engine.status()
-    speculative = status.config.speculative.type != "none"
+    speculative = status.config.speculative.type is not SpecType.NONE
     return [slot_json(slot, speculative) for slot in status.slots]
 
 
