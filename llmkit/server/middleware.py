@@ -17,12 +17,13 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from starlette.datastructures import Headers
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from llmkit.server.errors import ApiError
+from llmkit.server.errors import ApiError, dialect_of
 
 log = logging.getLogger("llmkit.server")
 
@@ -30,11 +31,20 @@ PUBLIC_PATHS = {"/health", "/v1/health"}
 
 
 class Gate:
-    def __init__(self, app: ASGIApp, *, not_ready: Callable[[], ApiError | None], api_key: str | None, max_body_size: int):
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        not_ready: Callable[[], ApiError | None],
+        api_key: str | None,
+        max_body_size: int,
+        routes: Sequence[BaseRoute] = (),
+    ):
         self.app = app
         self.not_ready = not_ready  # the 503 "Loading model" answer while loading, else None
         self.api_key = api_key
         self.max_body_size = max_body_size
+        self.routes = routes  # the app's: a refusal speaks the dialect of the route that was asked (errors.dialect_of)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -47,7 +57,7 @@ class Gate:
                 raise ApiError(401, "Invalid API Key")
             body = await self.read_body(headers, receive)
         except ApiError as exc:
-            return await exc.response(scope["path"])(scope, receive, send)
+            return await exc.response(dialect_of(scope, self.routes))(scope, receive, send)
         await self.app(scope, replay(body, receive), send)
 
     def authorized(self, headers: Headers) -> bool:
