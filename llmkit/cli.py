@@ -303,7 +303,7 @@ def serve_sequential(args: argparse.Namespace) -> None:
 def serve_slots(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from llmkit.engine import Engine
+    from llmkit.engine import Engine, RequestParams
     from llmkit.server import Settings, create_app
 
     path = models.resolve_model(args.model)  # a bad path fails here, before the server starts
@@ -321,10 +321,10 @@ def serve_slots(args: argparse.Namespace) -> int:
             server.should_exit = True  # llama-server exits when the model does not load: so do we
             raise
 
+    defaults = RequestParams.of(max_tokens=args.n_predict, temperature=args.temp, seed=args.seed)  # what a request leaves out
     settings = Settings(
-        alias=args.alias, api_key=args.api_key, n_predict=args.n_predict, temperature=args.temp, seed=args.seed,
-        metrics=args.metrics, slots=args.slots, max_body_size=args.max_body_size, n_threads=args.threads,
-        sse_ping_interval=args.sse_ping_interval,
+        alias=args.alias, api_key=args.api_key, defaults=defaults, metrics=args.metrics, slots=args.slots,
+        max_body_size=args.max_body_size, n_threads=args.threads, sse_ping_interval=args.sse_ping_interval,
     )  # fmt: skip
     app = create_app(load, settings)  # /health answers 503 until load() returns
     # access_log=False: the app logs one line per request itself, with token counts.

@@ -72,12 +72,12 @@ def test_every_field_of_a_converted_body_is_carried_converted_or_ignored_on_purp
     dialect, _ = CONVERTED_BODIES[model]
     unread = set(model.model_fields) - set(ChatRequest.model_fields) - dialect.CONVERTED - dialect.IGNORED
     assert not unread, f"{model.__name__}: fields neither chat's (carried) nor in {dialect.__name__}.CONVERTED or IGNORED"
-    assert dialect.CONVERTED <= set(model.model_fields) | set(messages.MessagesRequest.model_fields) | {"max_output_tokens"}
+    assert set(model.model_fields) | set(messages.MessagesRequest.model_fields) | {"max_output_tokens"} >= dialect.CONVERTED
 
 
 def test_every_option_of_the_engine_comes_from_a_body_field_or_says_where_from():
-    assert ENGINE == BY_NAME | set(CONVERTED.values()) | NOT_FROM_BODY
-    assert BY_NAME <= set(GenerationRequest.model_fields), "an option the engine has and no body field gives"
+    assert BY_NAME | set(CONVERTED.values()) | NOT_FROM_BODY == ENGINE
+    assert set(GenerationRequest.model_fields) >= BY_NAME, "an option the engine has and no body field gives"
     assert not BY_NAME & (set(CONVERTED) | HTTP_ONLY | NOT_FROM_BODY)
 
 
@@ -92,7 +92,7 @@ def test_every_field_the_mapping_reads_changes_the_engines_options(field):
     if field in TOOLS:
         given = ChatCompletionRequest.model_validate(body | {"tools": [TOOL], field: TOOLS[field]})
         plain = ChatCompletionRequest.model_validate(body | {"tools": [TOOL]})
-        assert given.tool_calling("") != plain.tool_calling("") or field == "tools" and plain.tool_calling("").tools
+        assert given.tool_calling("") != plain.tool_calling("") or (field == "tools" and plain.tool_calling("").tools)
         return
     assert field in SAMPLES, f"give {field!r} a sample value in SAMPLES"
     given = params_from_body(ChatCompletionRequest.model_validate(body | {json_name(ChatRequest, field): SAMPLES[field]}), default)

@@ -309,12 +309,13 @@ def test_an_engine_error_mid_stream_is_an_error_event_in_each_apis_shape():
 
 # --- one dialect per router: its errors, converted requests in the client's words, options from every dialect -------
 
+HI_A_B = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]
 TWO_ASSISTANT_TURNS = {  # the conversation ends in two assistant turns, in each chat API's words: a 400 in each
-    "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}, *[{"role": "assistant", "content": t} for t in "ab"]]},
+    "/v1/chat/completions": {"messages": HI_A_B},
     "/v1/responses": {"input": [{"role": "user", "content": "Hi"}, {"type": "function_call", "call_id": "1", "name": "f",
                                 "arguments": "{}"}, {"role": "assistant", "content": "b"}]},  # the call's turn, then text
-    "/v1/messages": {"max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}, *[{"role": "assistant", "content": t} for t in "ab"]]},
-    "/v1/messages/count_tokens": {"messages": [{"role": "user", "content": "Hi"}, *[{"role": "assistant", "content": t} for t in "ab"]]},
+    "/v1/messages": {"max_tokens": 8, "messages": HI_A_B},
+    "/v1/messages/count_tokens": {"messages": HI_A_B},
 }  # fmt: skip
 FIELD = {"/v1/chat/completions": "messages", "/v1/responses": "input", "/v1/messages": "messages", "/v1/messages/count_tokens": "messages"}
 
@@ -329,7 +330,8 @@ def test_a_converted_request_that_fails_chats_rules_is_answered_in_the_clients_w
     body = r.json()
     error = body["error"]
     assert (body.get("type"), "code" in error) == (("error", False) if path.startswith("/v1/messages") else (None, True)), body
-    assert error["message"] == f"Invalid request: '{FIELD[path]}': Value error, Cannot have 2 or more assistant messages at the end of the list."
+    words = "Value error, Cannot have 2 or more assistant messages at the end of the list."
+    assert error["message"] == f"Invalid request: '{FIELD[path]}': {words}"
 
 
 def test_the_routers_dialect_decides_the_error_shape_before_routing_and_after():
@@ -339,7 +341,8 @@ def test_the_routers_dialect_decides_the_error_shape_before_routing_and_after():
         key = {"x-api-key": "k"}
         unknown = httpx.post(url + "/v1/messages/nothing", json={}, headers=key)  # no route: no dialect, llama-server's shape
         too_long = httpx.post(url + "/v1/messages/count_tokens", json={"messages": [{"role": "user", "content": 1}]}, headers=key)
-    assert refused["/v1/messages/count_tokens"].json() == {"type": "error", "error": {"type": "authentication_error", "message": "Invalid API Key"}}
+    anthropic = {"type": "error", "error": {"type": "authentication_error", "message": "Invalid API Key"}}
+    assert refused["/v1/messages/count_tokens"].json() == anthropic
     for path in ("/v1/responses", "/completion"):
         assert refused[path].json() == {"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}}
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == 404

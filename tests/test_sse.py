@@ -14,8 +14,7 @@ from llmkit.server.dialects.openai_chat import ChatFormatter
 from llmkit.server.dialects.openai_text import TextFormatter
 from llmkit.server.dialects.responses import ResponsesFormatter
 from llmkit.server.sse import DONE, event, named_event
-from llmkit.server.tools import CallParser, Delta
-from llmkit.server.tools import TextParser
+from llmkit.server.tools import CallParser, Delta, TextParser
 from llmkit.timings import Timings
 
 PIECES = {1: b"He", 2: b"llo", 3: b"\xe2\x82\xac"}  # token id -> bytes (3: the euro sign)

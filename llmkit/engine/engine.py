@@ -451,7 +451,7 @@ class Engine:
 
     def process_token(self, slot: Slot, job: Job, token: int, logprobs: TokenLogprob | None) -> None:
         """Check a sampled token, then deliver it or finish the request (llama-server: process_token)."""
-        if job.request.params.max_tokens == 0:  # prompt only (llama-server's n_predict = 0)
+        if job.request.params.max_tokens == 0:  # the prompt only, nothing generated (server-schema.cpp's n_predict: 0)
             self.finish(slot, job, End.LIMIT)
         elif self.model.is_eog(token):
             self.finish(slot, job, End.EOS)

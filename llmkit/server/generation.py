@@ -67,7 +67,7 @@ async def submit(
     """The request's settings checked and compiled, then its prompt queued (llama-server: post_tasks)."""
     engine = state.engine
     # the constraint's conversion and check are CPU work: off the event loop; bad ones are a 400 here
-    params = await off_loop(request_params, body, state.settings.request_defaults(), engine.model, calling)
+    params = await off_loop(request_params, body, state.settings.defaults, engine.model, calling)
     if tenant := http_request.headers.get("x-tenant"):  # who the request is for (--scheduling-policy fair-share)
         params = dataclasses.replace(params, tenant=tenant)
     try:

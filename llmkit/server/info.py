@@ -78,7 +78,7 @@ async def props(state: State) -> dict:
     engine, settings = state.engine, state.settings
     status = engine.status()
     return {
-        "default_generation_settings": {"n_ctx": status.n_ctx_slot, "params": settings.request_defaults().to_dict()},
+        "default_generation_settings": {"n_ctx": status.n_ctx_slot, "params": settings.defaults.to_dict()},
         "total_slots": len(status.slots),
         "model_alias": state.model_name,
         "model_path": str(engine.model.path),
