@@ -105,17 +105,18 @@ for argv in {commands!r}:
 ENTRY = re.compile(r"( *)([a-z_]\w*)(?:\.py|/)?(?: |$)")  # "  engine/   the slot engine", "    launch.py   start/stop ..."
 
 
-def rooms(lines: list[str], indent: int) -> dict[str, list[str]]:
-    """Each entry at ``indent`` spaces -> the entries just under it, named as modules (no ``.py``, no ``/``)."""
-    tree: dict[str, list[str]] = {}
+def tree(lines: list[str], indent: int) -> dict[str, dict]:
+    """The entries at ``indent`` spaces (named as modules: no ``.py``, no ``/``), each with the tree of the entries
+    nested under it (two spaces deeper)."""
+    found: dict[str, list[str]] = {}
     for line in lines:
         entry = ENTRY.match(line)
         depth = len(entry.group(1)) if entry else -1
         if depth == indent:
-            tree[entry.group(2)] = []
-        elif depth == indent + 2 and tree:
-            tree[list(tree)[-1]].append(entry.group(2))
-    return tree
+            found[entry.group(2)] = []
+        elif depth > indent and found and line.strip():
+            found[list(found)[-1]].append(line)
+    return {name: tree(under, indent + 2) for name, under in found.items()}
 
 
 def readme_layout() -> list[str]:
@@ -132,11 +133,13 @@ def on_disk(folder: Path) -> list[str]:
 
 
 def test_the_package_map_and_the_readme_list_the_rooms_on_disk():
-    readme, docstring = rooms(readme_layout(), 2), rooms(llmkit.__doc__.splitlines(), 4)
+    readme, docstring = tree(readme_layout(), 2), tree(llmkit.__doc__.splitlines(), 4)
     disk = (on_disk(LLMKIT), on_disk(LLMKIT / "course"))
-    for where, tree in (("README.md", readme), ("llmkit/__init__.py", docstring)):
-        assert (sorted(tree), sorted(tree.get("course", []))) == disk, f"{where}'s map and the files differ"
-    assert list(readme) == list(docstring) and readme["course"] == docstring["course"], "the two maps list the rooms in one order"
+    for where, rooms in (("README.md", readme), ("llmkit/__init__.py", docstring)):
+        assert (sorted(rooms), sorted(rooms.get("course", []))) == disk, f"{where}'s map and the files differ"
+    assert list(readme) == list(docstring) and list(readme["course"]) == list(docstring["course"]), (
+        "the two maps list the rooms in one order"
+    )
     assert list(docstring)[-1] == "course", "the runtime first, then the course's apparatus"
 
 
@@ -155,19 +158,6 @@ def docstring_map(package: Path) -> list[str]:
 @pytest.mark.parametrize("package", MAPPED)
 def test_each_package_docstring_maps_its_modules_on_disk(package):
     assert docstring_map(LLMKIT / package) == on_disk(LLMKIT / package), f"llmkit/{package}/__init__.py's map and the files differ"
-
-
-def tree(lines: list[str], indent: int) -> dict[str, dict]:
-    """The entries at ``indent`` spaces, each with the tree of the entries nested under it (two spaces deeper)."""
-    found: dict[str, list[str]] = {}
-    for line in lines:
-        entry = ENTRY.match(line)
-        depth = len(entry.group(1)) if entry else -1
-        if depth == indent:
-            found[entry.group(2)] = []
-        elif depth > indent and found and line.strip():
-            found[list(found)[-1]].append(line)
-    return {name: tree(under, indent + 2) for name, under in found.items()}
 
 
 @pytest.mark.parametrize("package", ("engine", "server", "server/dialects"))

@@ -349,21 +349,14 @@ def test_the_routers_dialect_decides_the_error_shape_before_routing_and_after():
     assert too_long.status_code == 400 and too_long.json()["type"] == "error"
 
 
-OPTIONS = {  # each dialect's body with priority (Messages: as an extra field, as Anthropic's SDK sends it with extra_body)
-    "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}]},
-    "/v1/completions": {"prompt": "Hi"},
-    "/completion": {"prompt": "Hi"},
-    "/v1/responses": {"input": "Hi"},
-    "/v1/messages": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8},
-}
-
-
-@pytest.mark.parametrize("path", OPTIONS)
+@pytest.mark.parametrize("path", GENERATION_ROUTES)
 def test_priority_and_the_tenant_reach_the_engine_from_every_dialect(path):
+    """priority is a body field in every dialect (Messages: an extra one, which Anthropic's SDK sends with extra_body)."""
     seen = []
     engine = FakeEngine(lambda r: (seen.append(r.params), ends(r, End.EOS)))
     with launch.serve_app(create_app(engine, Settings(alias="fake"))) as url:
-        r = httpx.post(url + path, json={**OPTIONS[path], "priority": -3, "stream": True}, headers={"X-Tenant": "team-a"})
+        body = {**GENERATION_ROUTES[path], "priority": -3, "stream": True}
+        r = httpx.post(url + path, json=body, headers={"X-Tenant": "team-a"})
     assert r.status_code == 200, r.text
     (params,) = seen
     assert (params.priority, params.tenant, params.stream) == (-3, "team-a", True)
