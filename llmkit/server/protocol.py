@@ -2,16 +2,15 @@
 onto the engine's ``RequestParams``.
 
 (~ llama-server's server-schema.cpp: a declarative table of request fields with types, limits and aliases, and
-``params_from_json_cmpl``.) Fields are strict (``"0.5"`` is not a number, ``1`` is not a boolean), unknown fields
+``eval_llama_cmpl_schema``.) Fields are strict (``"0.5"`` is not a number, ``1`` is not a boolean), unknown fields
 are ignored as OpenAI does, and a ``null`` field counts as absent. A field that fails validation becomes a 400
 naming it (``errors.describe_validation_errors``).
 
 The options come from one place, the engine's dataclasses: a body field named like a field of ``RequestParams``
 or ``SamplingParams`` is read as it is, under that name (``BY_NAME``); the few that need a conversion (OpenAI's
 other names, a constraint to compile) are listed in ``CONVERTED``, and the rest are the HTTP layer's own
-(``HTTP_ONLY``). Each
-dialect's body (``dialects/``) holds its own fields; tests/test_options.py checks that every field of every body is
-one of these, so a field cannot be accepted and then ignored without a word.
+(``HTTP_ONLY``). Each dialect's body (``dialects/``) holds its own fields; tests/test_options.py checks that every
+field of every body is one of these, so a field cannot be accepted and then ignored without a word.
 """
 
 from __future__ import annotations
@@ -30,8 +29,8 @@ from llmkit.server.tools import Tool, ToolCalling, renders_tools
 
 Probability = Annotated[float, Field(ge=0, le=1)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
-# -1: no limit; 0: read the prompt into the slot's cache and generate nothing (as llama-server's README says; the
-# pinned llama-server samples one token first, tests/test_differential.py shows it)
+# -1: no limit; 0: read the prompt into the slot's cache and generate nothing (as server-schema.cpp describes n_predict;
+# the pinned llama-server samples one token first: tests/test_differential.py shows it)
 NPredict = Annotated[int, Field(ge=-1)]
 
 SAMPLING = frozenset(f.name for f in dataclasses.fields(SamplingParams))
@@ -318,7 +317,7 @@ def params_from_body(
     body: GenerationRequest, defaults: RequestParams, grammar: Grammar | None = None, grammar_trigger: str | None = None
 ) -> RequestParams:
     """Map a request onto the server's defaults (``--temp``, ``--seed``, ``-n``): only given fields change
-    (llama-server: params_from_json_cmpl, eval_llama_cmpl_schema).
+    (llama-server: eval_llama_cmpl_schema).
 
     ``grammar``: the request's constraint, compiled (``constraint_of`` says which, ``grammar.compile`` makes it);
     ``grammar_trigger``: the word that starts it, for a lazy grammar (a tool call the model may make).

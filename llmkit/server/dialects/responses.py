@@ -134,7 +134,9 @@ class FunctionTool(ApiModel):
         return data
 
 
-class NamedFunction(ApiModel):
+class FunctionChoice(ApiModel):
+    """``{"type": "function", "name": ...}``: call this tool (chat's ``NamedToolChoice``, flat)."""
+
     type: Literal["function"]
     name: str
 
@@ -173,7 +175,7 @@ class InputRequest(GenerationRequest):
     input: str | list[Item]
     instructions: str | None = None
     tools: list[FunctionTool] = Field(default_factory=list)
-    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
     parallel_tool_calls: bool | None = None  # None: as the chat template can
     text: TextConfig = TextConfig()
     previous_response_id: str | None = None
@@ -256,7 +258,7 @@ def echo(body: ResponsesRequest, template: str) -> dict:
         "temperature": body.temperature,
         "top_p": body.top_p,
         "text": {"format": body.text.format.model_dump(exclude_unset=True, by_alias=True) or {"type": "text"}},
-        "tool_choice": body.tool_choice.model_dump() if isinstance(body.tool_choice, NamedFunction) else body.tool_choice or "auto",
+        "tool_choice": body.tool_choice.model_dump() if isinstance(body.tool_choice, FunctionChoice) else body.tool_choice or "auto",
         "tools": [t.model_dump() for t in body.tools],
         "metadata": body.metadata,
     }
