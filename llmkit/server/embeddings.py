@@ -25,6 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from llmkit.engine import ContextSizeError
 from llmkit.llama import Batch, Context, Model
 from llmkit.server.errors import off_loop
+from llmkit.server.middleware import log_usage
 from llmkit.server.protocol import ApiModel
 from llmkit.server.state import State
 
@@ -110,7 +111,7 @@ async def embed(body: EmbeddingRequest, http_request: Request, state: State) -> 
     prompts = await off_loop(embedder.tokenize, body.texts)
     vectors = await run_in_threadpool(embedder.embed, prompts)
     n_tokens = sum(map(len, prompts))
-    http_request.state.n_prompt_tokens = n_tokens  # for the access log (middleware.AccessLog)
+    log_usage(http_request, n_tokens, 0, 0)
     return vectors, n_tokens
 
 

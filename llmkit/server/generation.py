@@ -27,6 +27,7 @@ from llmkit.engine import Request as EngineRequest
 from llmkit.llama import Model
 from llmkit.server import sse
 from llmkit.server.errors import ApiError, off_loop
+from llmkit.server.middleware import log_usage
 from llmkit.server.protocol import ChatRequest, GenerationRequest, constraint_of, params_from_body
 from llmkit.server.state import ServerState
 from llmkit.server.tools import CallParser, TextParser, ToolCalling
@@ -170,12 +171,6 @@ async def stream_events(http_request: Request, streams: list[Stream]) -> AsyncIt
             done = request.outcome
             n_output = done.n_output if done is not None else sent[request.id]  # a client that left: what it was sent
             log_usage(http_request, len(request.prompt), request.n_cached, n_output)
-
-
-def log_usage(http_request: Request, n_prompt: int, n_cached: int, n_output: int) -> None:
-    """Add a request's token counts to what the access log prints for this HTTP request (``middleware.AccessLog``)."""
-    before = getattr(http_request.state, "usage", (0, 0, 0))
-    http_request.state.usage = tuple(a + b for a, b in zip(before, (n_prompt, n_cached, n_output), strict=True))
 
 
 async def collect(request: EngineRequest, http_request: Request) -> list[Piece]:
