@@ -360,22 +360,3 @@ def test_priority_and_the_tenant_reach_the_engine_from_every_dialect(path):
     assert r.status_code == 200, r.text
     (params,) = seen
     assert (params.priority, params.tenant, params.stream) == (-3, "team-a", True)
-
-
-def test_the_official_sdks_send_priority_and_the_tenant_as_their_extras():
-    """OpenAI's and Anthropic's clients have no priority argument: extra_body carries it, extra_headers the tenant."""
-    import anthropic
-    import openai
-
-    seen = []
-    engine = FakeEngine(lambda r: (seen.append(r.params), ends(r, End.EOS)))
-    extras = {"extra_body": {"priority": 5}, "extra_headers": {"X-Tenant": "team-b"}}
-    hi = [{"role": "user", "content": "Hi"}]
-    with launch.serve_app(create_app(engine, Settings(alias="fake"))) as url:
-        oai = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
-        oai.chat.completions.create(model="fake", messages=hi, **extras)  # type: ignore[arg-type]
-        oai.completions.create(model="fake", prompt="Hi", **extras)
-        oai.responses.create(model="fake", input="Hi", **extras)
-        claude = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0)
-        claude.messages.create(model="fake", max_tokens=8, messages=hi, **extras)  # type: ignore[arg-type]
-    assert [(p.priority, p.tenant) for p in seen] == [(5, "team-b")] * 4
