@@ -17,11 +17,12 @@ import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import fields
 
 from llmkit import models
 from llmkit.engine.config import DEFAULT_STEP_TOKENS, EngineConfig
 from llmkit.engine.scheduler import POLICIES, LlamaServerPolicy
-from llmkit.engine.speculative import SPEC_TYPES, SpecParams
+from llmkit.engine.speculative import SpecParams, SpecType
 
 LOG_FORMAT = "%(asctime)s %(levelname).1s %(name)s: %(message)s"
 LAB = "pip install 'llmkit[lab]'"
@@ -163,9 +164,11 @@ def add_kv_cache_flags(slots: argparse.ArgumentParser) -> None:
 
 def add_speculative_flags(slots: argparse.ArgumentParser) -> None:
     """Draft-free speculative decoding, llama-server's flags and defaults (``SpecParams``)."""
+    modes = "{" + ",".join(t.value for t in SpecType) + "}"
     slots.add_argument(
-        "--spec-type", choices=SPEC_TYPES, default="none", help="guess the next tokens from n-grams of the slot's own text (default none)"
-    )
+        "--spec-type", type=SpecType, choices=list(SpecType), default=SpecType.NONE, metavar=modes,
+        help="guess the next tokens from n-grams of the slot's own text (default none)",
+    )  # fmt: skip
     defaults = SpecParams()
     for name, help_text in (
         ("ngram_simple_size_n", "ngram-simple: tokens that must match"),
@@ -185,10 +188,7 @@ def add_speculative_flags(slots: argparse.ArgumentParser) -> None:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    speculative = SpecParams(
-        args.spec_type, args.spec_ngram_simple_size_n, args.spec_ngram_simple_size_m,
-        args.spec_ngram_mod_n_match, args.spec_ngram_mod_n_min, args.spec_ngram_mod_n_max, args.spec_slow_start,
-    )  # fmt: skip
+    speculative = SpecParams(**{f.name: getattr(args, "spec_" + f.name) for f in fields(SpecParams)})  # --spec-<field>
     return EngineConfig(
         n_parallel=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads, kv_unified=args.kv_unified,
         step_tokens=args.step_tokens, cache_ram_mib=args.cache_ram, cache_idle_slots=args.cache_idle_slots,
@@ -309,7 +309,7 @@ def serve_sequential(args: argparse.Namespace) -> None:
 def serve_slots(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from llmkit.engine import Engine
+    from llmkit.engine import Engine, RequestParams
     from llmkit.server import Settings, create_app
     from llmkit.server.kv_publisher import endpoint_of
 
@@ -329,10 +329,10 @@ def serve_slots(args: argparse.Namespace) -> int:
             server.should_exit = True  # llama-server exits when the model does not load: so do we
             raise
 
+    defaults = RequestParams.of(max_tokens=args.n_predict, temperature=args.temp, seed=args.seed)  # what a request leaves out
     settings = Settings(
-        alias=args.alias, api_key=args.api_key, n_predict=args.n_predict, temperature=args.temp, seed=args.seed,
-        metrics=args.metrics, slots=args.slots, max_body_size=args.max_body_size, n_threads=args.threads,
-        sse_ping_interval=args.sse_ping_interval, kv_events=kv_events,
+        alias=args.alias, api_key=args.api_key, defaults=defaults, metrics=args.metrics, slots=args.slots,
+        max_body_size=args.max_body_size, n_threads=args.threads, sse_ping_interval=args.sse_ping_interval, kv_events=kv_events,
     )  # fmt: skip
     app = create_app(load, settings)  # /health answers 503 until load() returns
     # access_log=False: the app logs one line per request itself, with token counts.

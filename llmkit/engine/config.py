@@ -65,8 +65,10 @@ class EngineConfig:
     kv_block_size: int = DEFAULT_BLOCK_SIZE  # llmkit's --kv-block-size: tokens per block of the KV events
 
     def to_dict(self) -> dict:
-        """Every setting, as ``/props`` reports it (the policy by its name)."""
-        return asdict(replace(self, policy=LlamaServerPolicy())) | {"policy": self.policy.name}
+        """Every setting, as ``/props`` reports it (the policy and the speculation mode by their names)."""
+        settings = asdict(replace(self, policy=LlamaServerPolicy())) | {"policy": self.policy.name}
+        settings["speculative"]["type"] = self.speculative.type.value
+        return settings
 
     def resolved(self) -> EngineConfig:
         """Checked (``ValueError`` says what is wrong), with the automatic settings made concrete."""

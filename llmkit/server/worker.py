@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from llmkit.server.dialects.openai_chat import ChatCompletionRequest
+from llmkit.server.dialects.responses import ResponsesRequest
 from llmkit.server.errors import off_loop
 from llmkit.server.generation import chat_prompt
-from llmkit.server.protocol import ChatCompletionRequest
-from llmkit.server.responses import ResponsesRequest
 from llmkit.server.state import State
 
 router = APIRouter()
