@@ -79,7 +79,6 @@ async def submit(
     params = await off_loop(request_params, body, state.settings.defaults, engine.model, calling)
     if tenant := http_request.headers.get("x-tenant"):  # who the request is for (--scheduling-policy fair-share)
         params = dataclasses.replace(params, tenant=tenant)
-    params = dataclasses.replace(params, hand_off=handoff.hands_off(body))
     try:
         return engine.submit(prompt, params, kv)
     except ContextSizeError:
