@@ -9,6 +9,7 @@ The routes live by role (llama-server's paths: without ``/v1``,
     messages     POST /v1/messages, /v1/messages/count_tokens                   (Anthropic Messages)
     embeddings   POST /v1/embeddings, /embedding, /embeddings
     info         GET /health, /v1/models, /props, /slots, /metrics; POST /tokenize, /detokenize, /apply-template
+    worker       POST /v1/chat/completions/render, /v1/responses/render                   (what a router asks first)
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
 
-from llmkit.server import embeddings, errors, generation, info, messages, responses
+from llmkit.server import embeddings, errors, generation, info, messages, responses, worker
 from llmkit.server.middleware import AccessLog, Gate
 from llmkit.server.state import ServerState, ServingEngine, Settings
 
@@ -52,6 +53,6 @@ def create_app(engine: ServingEngine | Callable[[], ServingEngine], settings: Se
     errors.install(app)
     app.add_middleware(Gate, not_ready=state.not_ready, api_key=state.settings.api_key, max_body_size=state.settings.max_body_size)
     app.add_middleware(AccessLog)  # added last: outermost, so it logs the gate's answers too
-    for routes in (info.router, embeddings.router, generation.router, responses.router, messages.router):
+    for routes in (info.router, embeddings.router, generation.router, responses.router, messages.router, worker.router):
         app.include_router(routes)
     return app
