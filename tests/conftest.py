@@ -39,6 +39,7 @@ FAST_MODULES = {
     *("test_scheduler.py", "test_drafts.py", "test_sse.py", "test_text.py", "test_server_app.py", "test_models.py", "test_tools.py"),
     *("test_notebooks.py", "test_course.py", "test_japanese.py"),  # the notebooks as files, the editions' labels and terms
     "test_layout.py",  # the runtime apart from the course's apparatus, and one map of the package
+    "test_sim.py",  # the fleet model (its one test on the real model is marked slow)
 }
 
 

@@ -1,0 +1,87 @@
+"""The model against the real fleet: the same seeded trace through N slot servers behind vllm-router, and through the
+model of them; TTFT p50 and p99 and tokens/s side by side, with the model's error in %.
+
+    rows = compare(make_trace(seed=0), replicas=(1, 2, 3), cost=StepCost.load(), cores=2)
+    print(table(rows))
+
+A measurement, not a test: it starts real fleets (``llmkit.course.fleet``), ~2 minutes per replica count on 2 cores.
+The command that reruns it (on a quiet machine, calibrated there first):
+
+    python -m llmkit sim calibrate -o cost.json && python -m llmkit sim check --cost cost.json --replicas 1 2 3
+
+The model is given what the replay measured of each answer's length (``answer_lengths``): it predicts time, not what
+the model writes. Replicas share the machine's cores (``cores``): three replicas at ``-t 1`` on two cores cannot each
+run at their solo speed, and the model slows every step by ``busy / cores`` when more replicas step at once.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llmkit.course.sim.cost import Cost, StepCost
+from llmkit.course.sim.run import Answers, SimResult, answer_lengths, simulate
+from llmkit.course.trace import Record, Summary, Trace, summarize
+
+METRICS = ("ttft_p50", "ttft_p99", "tokens_per_s", "cache_hit")
+
+
+@dataclass
+class Comparison:
+    replicas: int
+    policy: str
+    real: Summary
+    sim: Summary
+
+    def error(self, metric: str) -> float:
+        """(simulated - real) / real, in %."""
+        real, sim = getattr(self.real, metric), getattr(self.sim, metric)
+        return 100 * (sim - real) / real if real else math.nan
+
+
+def real_fleet(trace: Trace, replicas: int, policy: str, max_tokens: int) -> list[Record]:
+    from llmkit.course import fleet
+
+    with fleet.start(replicas, "slots", policy) as running:
+        return fleet.run_trace(running, trace, max_tokens=max_tokens)
+
+
+def modelled(
+    trace: Trace, records: Sequence[Record], replicas: int, policy: str, cost: Cost, cores: float | None, max_tokens: int
+) -> SimResult:
+    """The model of the fleet that produced ``records``, its answers as long as theirs."""
+    return simulate(trace, replicas, policy, cost=cost, cores=cores, answers=Answers(max_tokens, answer_lengths(records)))
+
+
+def compare(
+    trace: Trace,
+    replicas: Sequence[int] = (1, 2, 3),
+    policy: str = "cache_aware",
+    *,
+    cost: Cost | None = None,
+    cores: float | None = None,
+    max_tokens: int = 24,
+) -> list[Comparison]:
+    """Each replica count: the real fleet's replay, then the model's (``cores``: this machine's, by default)."""
+    cost = cost or StepCost.load()
+    cores = cores or os.cpu_count()
+    rows = []
+    for n in replicas:
+        records = real_fleet(trace, n, policy, max_tokens)
+        rows.append(Comparison(n, policy, summarize(records), modelled(trace, records, n, policy, cost, cores, max_tokens).summary))
+    return rows
+
+
+def table(rows: Sequence[Comparison]) -> str:
+    """Markdown: per replica count, each metric real / simulated / error."""
+    head = "| replicas | policy | " + " | ".join(f"{m} real | sim | err %" for m in METRICS) + " |"
+    lines = [head, "|" + "---|" * (2 + 3 * len(METRICS))]
+    for row in rows:
+        cells = []
+        for m in METRICS:
+            scale = 1000 if m.startswith("ttft") else 1
+            cells += [f"{getattr(row.real, m) * scale:.3g}", f"{getattr(row.sim, m) * scale:.3g}", f"{row.error(m):+.0f}"]
+        lines.append(f"| {row.replicas} | {row.policy} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

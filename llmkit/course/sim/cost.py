@@ -1,0 +1,219 @@
+"""What one engine step costs: fitted from the engine's own measured steps (``Engine.steps``), saved as a small JSON.
+
+    cost = StepCost.load()                    # the shipped fit: SmolLM2-135M, -t 1, measured on the course's 2-core VM
+    cost(n_prompt=128, n_generated=3, context=9.0)   # seconds of one step (context: thousands of attention pairs)
+    cost = measure()                          # measure this machine instead (~1-3 minutes), then cost.save(path)
+
+The model is linear in what a step's batch holds, each term a kind of work llama.cpp does in ``llama_decode``:
+
+    t = base + per_prompt * n_prompt + per_generated * n_generated + per_context * context
+
+``base`` is the step's fixed cost (the graph, the Python bookkeeping around it); ``per_prompt`` and ``per_generated``
+the weights' matrix products per token of a prompt chunk and per running stream's token (on a CPU both near the
+same: a batch is cheaper per token, not free); ``per_context`` attention: each token of the batch reads the keys of
+every token before it in its slot, so ``context`` is the number of (token, earlier token) pairs, in thousands. A prompt
+chunk of ``k`` tokens at position ``p`` adds ``k * p + k * (k + 1) / 2`` pairs, a stream's token at ``p`` adds ``p + 1``.
+``StepCost.terms`` tells how much each term buys (the fit's error without it), so the course can say which matter.
+
+Beside the steps, the engine copies a slot to the prompt cache and back (``Context.seq_state``): ``state_per_token``.
+
+``GpuLikeCost`` is the other shape: a step's cost nearly flat in its tokens up to a knee, then linear (a roofline: a
+step reads every weight once whatever its batch, until the batch's arithmetic outgrows the memory's bandwidth). It is
+an assumption, not a measurement: see its docstring for where its numbers come from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+CALIBRATION = Path(__file__).with_name("smollm2-135m-t1.json")  # the shipped fit
+TERMS = ("base", "per_prompt", "per_generated", "per_context")
+
+
+class Cost(Protocol):
+    """What the simulation asks of a cost model."""
+
+    def __call__(self, n_prompt: int, n_generated: int, context: float) -> float: ...
+
+    @property
+    def state_per_token(self) -> float: ...
+
+
+class Point(NamedTuple):
+    """One measured step: what its batch held and how long it took."""
+
+    n_prompt: int
+    n_generated: int
+    context: float  # thousands of (token, earlier token) pairs
+    seconds: float
+
+
+def pairs(n_tokens: int, pos: int) -> int:
+    """Attention pairs of ``n_tokens`` written at positions ``pos``, ``pos + 1``, ...: each reads itself and every token before it."""
+    return n_tokens * pos + n_tokens * (n_tokens + 1) // 2
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """A step's seconds, linear in its batch (the module's docstring); fitted by ``fit``, measured by ``measure``."""
+
+    base: float
+    per_prompt: float
+    per_generated: float
+    per_context: float
+    state_per_token: float = 0.0  # seconds to copy one token's KV cells to the prompt cache or back
+    error: dict[str, float] = field(default_factory=dict)  # the fit's relative error over its points: median, p90, max
+    terms: dict[str, float] = field(default_factory=dict)  # median relative error of the fit without each term
+    machine: dict[str, Any] = field(default_factory=dict)  # where and how it was measured
+    points: tuple[Point, ...] = ()  # the measured steps it was fitted to
+
+    def __call__(self, n_prompt: int, n_generated: int, context: float) -> float:
+        return self.base + self.per_prompt * n_prompt + self.per_generated * n_generated + self.per_context * context
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str] = CALIBRATION) -> StepCost:
+        data = json.loads(Path(path).read_text())
+        return cls(**data | {"points": tuple(Point(*p) for p in data["points"])})
+
+    def relative_errors(self) -> np.ndarray:
+        """(predicted - measured) / measured at each fitted point."""
+        return np.array([(self(p.n_prompt, p.n_generated, p.context) - p.seconds) / p.seconds for p in self.points])
+
+
+Coefficients = tuple[float, float, float, float]  # in TERMS' order
+
+
+def least_squares(points: Sequence[Point], terms: Sequence[str] = TERMS) -> Coefficients:
+    """The coefficients of ``terms`` (the others 0) that minimise the squared *relative* error: a 10 ms step and a 2 s
+    one count alike."""
+    columns = {"base": [1.0] * len(points), "per_prompt": [p.n_prompt for p in points],
+               "per_generated": [p.n_generated for p in points], "per_context": [p.context for p in points]}  # fmt: skip
+    seconds = np.array([p.seconds for p in points])
+    a = np.array([columns[t] for t in terms], dtype=float).T / seconds[:, None]
+    solved, *_ = np.linalg.lstsq(a, np.ones(len(points)), rcond=None)
+    found = dict(zip(terms, (float(c) for c in solved), strict=True))
+    base, per_prompt, per_generated, per_context = (found.get(t, 0.0) for t in TERMS)
+    return base, per_prompt, per_generated, per_context
+
+
+def fit(points: Sequence[Point], state_per_token: float = 0.0, machine: dict[str, Any] | None = None) -> StepCost:
+    """The cost model fitted to measured steps, with its error and the error of the fit without each of its terms (a term
+    whose coefficient comes out negative is dropped: no kind of work makes a step faster)."""
+
+    def errors(coef: Coefficients) -> np.ndarray:
+        return np.abs(StepCost(*coef, points=tuple(points)).relative_errors())
+
+    kept, coef = list(TERMS), least_squares(points)
+    while negative := [t for t, c in zip(TERMS, coef, strict=True) if c < 0]:
+        kept.remove(negative[0])  # a negative cost is the noise's, not a kind of work: that term goes
+        coef = least_squares(points, kept)
+    e = errors(coef)
+    error = {"median": float(np.median(e)), "p90": float(np.percentile(e, 90)), "max": float(e.max())}
+    terms = {t: float(np.median(errors(least_squares(points, [u for u in kept if u != t])))) for t in kept}
+    return StepCost(*coef, state_per_token, error, terms, machine or {}, tuple(points))
+
+
+@dataclass(frozen=True)
+class GpuLikeCost:
+    """An assumed GPU-shaped step cost: flat up to ``knee`` tokens in the batch, then linear; plus attention.
+
+    ``t = flat * max(1, n_tokens / knee) + per_context * context``. The shape is the roofline of a decoder on a GPU: a
+    step streams every weight from memory once whatever its batch (``flat``), and only when the batch's arithmetic
+    outgrows that time does it grow with the tokens: knee = (the GPU's FLOP/s / its memory's bytes/s) x (bytes per
+    weight / 2 FLOPs per weight and token). For an A100 (312 TFLOP/s fp16, 2.0 TB/s) and 16-bit weights that is about
+    150 tokens; measured prefill throughput saturates later, at 256-512 tokens a step (Sarathi-Serve, OSDI 2024,
+    Fig. 3/5 for Mistral-7B and Yi-34B on A100s; vLLM's default chunked-prefill budget is 512 for the same reason),
+    so ``knee=256``. ``flat`` is one step's time at a small batch; by default the CPU fit's own cost of a one-token
+    step, so that only the *shape* changes between the two curves, not the machine's speed: say so when you compare.
+    """
+
+    flat: float
+    knee: int = 256
+    per_context: float = 0.0
+    state_per_token: float = 0.0
+
+    def __call__(self, n_prompt: int, n_generated: int, context: float) -> float:
+        return self.flat * max(1.0, (n_prompt + n_generated) / self.knee) + self.per_context * context
+
+    @classmethod
+    def like(cls, cpu: StepCost, knee: int = 256) -> GpuLikeCost:
+        """The GPU-like shape at ``cpu``'s speed for one token (its attention and prompt-cache costs kept)."""
+        return cls(cpu(0, 1, 0.0), knee, cpu.per_context, cpu.state_per_token)
+
+
+# --- measuring --------------------------------------------------------------------------------------------------------
+
+
+def step_points(engine: Any, steps: Sequence[Any]) -> list[Point]:
+    """``StepRecord``s as points. Call it right after ``engine.step()``: a slot's start position is what it holds now
+    minus what the step wrote (the engine is stepped by hand, so nothing has moved since)."""
+    points = []
+    for step in steps:
+        context = sum(pairs(share.n_tokens, engine.slots[share.slot].n_past - share.n_tokens) for share in step.batch)
+        points.append(Point(step.n_prompt, step.n_generated, context / 1000, step.seconds))
+    return points
+
+
+def run_requests(engine: Any, prompts: Sequence[int], max_tokens: int, rng: random.Random, late: int = 0) -> list[Point]:
+    """Random prompts of the given lengths decoded together (greedy, no early stop, no prompt reuse); with ``late``,
+    one more prompt of that length arrives after the others' first tokens: its chunks share steps with their streams."""
+    from llmkit.engine.request import RequestParams
+
+    params = RequestParams.of(max_tokens=max_tokens, temperature=0, ignore_eos=True, cache_prompt=False)
+
+    def submit(n: int) -> Any:
+        return engine.submit([rng.randrange(1000, 30000) for _ in range(n)], params)
+
+    requests, points = [submit(n) for n in prompts], []
+    while not all(r.done for r in requests):
+        if (step := engine.step()) is not None:
+            points += step_points(engine, [step])
+            if late and step.n_generated:  # the streams run: the late prompt's chunks join their steps
+                requests.append(submit(late))
+                late = 0
+    return points
+
+
+def measure_state_copy(engine: Any, n_tokens: int = 1024, rounds: int = 5) -> float:
+    """Seconds per token to copy a slot's KV cells to RAM and back (what a prompt-cache save and restore cost)."""
+    run_requests(engine, [n_tokens - 1], 1, random.Random(0))
+    slot = next(s for s in engine.slots if s.n_past)
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        engine.ctx.set_seq_state(slot.id, engine.ctx.seq_state(slot.id))
+    return (time.perf_counter() - t0) / rounds / 2 / slot.n_past
+
+
+def measure(model: str | None = None, threads: int = 1, seed: int = 0, scale: float = 1.0) -> StepCost:
+    """Measure this machine's step costs on the real model (``Engine(start=False)``, 4 slots, ``threads`` threads) and
+    fit them: prompts of 32 to 1024 tokens beside 1 to 4 streams, and prompts arriving while streams run (``scale``
+    shrinks the prompts and answers for a quick check). ~1-3 minutes at ``scale=1`` on an idle 2-core machine."""
+    from llmkit.engine import Engine, EngineConfig
+
+    rng = random.Random(seed)
+    config = EngineConfig(n_threads=threads, n_parallel=4, n_ctx=8192, cache_ram_mib=0)
+    with Engine(model, config, start=False) as engine:
+        run_requests(engine, [16], 4, rng)  # warm up: the first steps of a context are slow
+        points: list[Point] = []
+        for length in (32, 256, 1024):
+            for n in (1, 2, 3, 4):
+                n_prompt = max(4, int(length * scale))
+                points += run_requests(engine, [n_prompt] * n, max(4, int(32 * scale)), rng, late=n_prompt if n < 4 else 0)
+        state = measure_state_copy(engine, max(64, int(1024 * scale)))
+        machine = {"model": engine.model.path.name, "threads": threads,
+                   "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                   "load_average": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M")}  # fmt: skip
+    return fit(points, state, machine)
