@@ -37,6 +37,7 @@ class Capacity:
     slo: float  # seconds of TTFT p99
     replicas: int  # the fewest that meet it (0: none: doubling the fleet stopped helping, or the search's limit)
     tried: dict[int, Summary] = field(default_factory=dict)  # every fleet size run, and what it measured
+    curve: str = "cpu"  # the step cost curve it ran on (CURVES)
 
 
 def replicas_for_slo(
@@ -80,13 +81,50 @@ def curve(name: str, cpu: StepCost | None = None) -> Cost:
 
 
 def capacity_table(
-    trace: Trace, policies: Sequence[str], slo: float = 1.0, curves: Sequence[str] = CURVES, config: ReplicaConfig | None = None
+    trace: Trace,
+    policies: Sequence[str],
+    slo: float = 1.0,
+    curves: Sequence[str] = CURVES,
+    *,
+    cost: StepCost | None = None,
+    config: ReplicaConfig | None = None,
 ) -> list[Capacity]:
-    """``replicas_for_slo`` for each policy on each cost curve (the rows' ``tried`` keep every run's summary)."""
+    """``replicas_for_slo`` for each policy on each cost curve (``cost``: the CPU fit; each row's ``tried`` keeps every
+    run's summary)."""
     rows = []
     for name in curves:
         for policy in policies:
-            row = replicas_for_slo(trace, policy, slo, cost=curve(name), config=config)
-            row.policy = f"{policy} ({name})"
+            row = replicas_for_slo(trace, policy, slo, cost=curve(name, cost), config=config)
+            row.curve = name
             rows.append(row)
     return rows
+
+
+def capacity_markdown(rows: Sequence[Capacity]) -> str:
+    """Per curve and policy: the replicas needed, and the TTFT p50/p99 and cache hits at that size (or at the largest tried)."""
+    lines = [
+        "| curve | policy | replicas for the SLO | TTFT p50 ms | TTFT p99 ms | cache hit | sizes tried |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        at = row.tried[row.replicas or max(row.tried)]
+        needed = str(row.replicas) if row.replicas else f"out of reach (p99 {at.ttft_p99:.2f} s at {max(row.tried)})"
+        tried = " ".join(str(n) for n in sorted(row.tried))
+        ttft = f"{at.ttft_p50 * 1000:.0f} | {at.ttft_p99 * 1000:.0f}"
+        lines.append(f"| {row.curve} | {row.policy} | {needed} | {ttft} | {at.cache_hit:.0%} | {tried} |")
+    return "\n".join(lines)
+
+
+def plot_capacity(rows: Sequence[Capacity], ax: Any = None) -> Any:
+    """TTFT p99 against fleet size, one line per policy and curve (every size the searches ran), the SLO dashed."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.subplots(figsize=(7, 4))[1]
+    for row in rows:
+        sizes = sorted(row.tried)
+        ax.plot(sizes, [row.tried[n].ttft_p99 for n in sizes], "o-" if row.curve == "cpu" else "s--", label=f"{row.policy} ({row.curve})")
+    if rows:
+        ax.axhline(rows[0].slo, color="grey", linestyle=":", label="SLO")
+    ax.set(xscale="log", yscale="log", xlabel="replicas", ylabel="TTFT p99 (s)")
+    ax.legend(fontsize="small")
+    return ax

@@ -11,7 +11,8 @@ The command that reruns it (on a quiet machine, calibrated there first):
 
 The model is given what the replay measured of each answer's length (``answer_lengths``): it predicts time, not what
 the model writes. Replicas share the machine's cores (``cores``): three replicas at ``-t 1`` on two cores cannot each
-run at their solo speed, and the model slows every step by ``busy / cores`` when more replicas step at once.
+run at their solo speed, and the model slows every step by ``busy / cores`` when more replicas step at once (and
+by the machine's other busy threads, its load average before the fleet started: ``replica.Cores``).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from llmkit.course.sim.cost import Cost, StepCost
+from llmkit.course.sim.replica import Cores
 from llmkit.course.sim.run import Answers, SimResult, answer_lengths, simulate
 from llmkit.course.trace import Record, Summary, Trace, summarize
 
@@ -34,6 +37,7 @@ class Comparison:
     policy: str
     real: Summary
     sim: Summary
+    background: float = 0.0  # the load average before the real fleet started (the model's Cores.background)
 
     def error(self, metric: str) -> float:
         """(simulated - real) / real, in %."""
@@ -41,18 +45,19 @@ class Comparison:
         return 100 * (sim - real) / real if real else math.nan
 
 
-def real_fleet(trace: Trace, replicas: int, policy: str, max_tokens: int) -> list[Record]:
+def real_fleet(trace: Trace, replicas: int, policy: str, max_tokens: int) -> tuple[list[Record], float]:
+    """The trace through a real fleet; and the machine's load average before it started (other programs' busy threads)."""
     from llmkit.course import fleet
 
+    background = os.getloadavg()[0]
     with fleet.start(replicas, "slots", policy) as running:
-        return fleet.run_trace(running, trace, max_tokens=max_tokens)
+        return fleet.run_trace(running, trace, max_tokens=max_tokens), background
 
 
-def modelled(
-    trace: Trace, records: Sequence[Record], replicas: int, policy: str, cost: Cost, cores: float | None, max_tokens: int
-) -> SimResult:
+def modelled(trace: Trace, records: Sequence[Record], replicas: int, policy: str, cost: Cost, cores: Cores, max_tokens: int) -> SimResult:
     """The model of the fleet that produced ``records``, its answers as long as theirs."""
-    return simulate(trace, replicas, policy, cost=cost, cores=cores, answers=Answers(max_tokens, answer_lengths(records)))
+    answers = Answers(max_tokens, answer_lengths(records))
+    return simulate(trace, replicas, policy, cost=cost, cores=cores.cores, background=cores.background, answers=answers)
 
 
 def compare(
@@ -64,13 +69,15 @@ def compare(
     cores: float | None = None,
     max_tokens: int = 24,
 ) -> list[Comparison]:
-    """Each replica count: the real fleet's replay, then the model's (``cores``: this machine's, by default)."""
+    """Each replica count: the real fleet's replay, then the model's (``cores``: this machine's, by default; the
+    background load: the load average before the fleet started)."""
     cost = cost or StepCost.load()
     cores = cores or os.cpu_count()
     rows = []
     for n in replicas:
-        records = real_fleet(trace, n, policy, max_tokens)
-        rows.append(Comparison(n, policy, summarize(records), modelled(trace, records, n, policy, cost, cores, max_tokens).summary))
+        records, background = real_fleet(trace, n, policy, max_tokens)
+        sim = modelled(trace, records, n, policy, cost, Cores(cores, background), max_tokens)
+        rows.append(Comparison(n, policy, summarize(records), sim.summary, background))
     return rows
 
 
@@ -85,3 +92,17 @@ def table(rows: Sequence[Comparison]) -> str:
             cells += [f"{getattr(row.real, m) * scale:.3g}", f"{getattr(row.sim, m) * scale:.3g}", f"{row.error(m):+.0f}"]
         lines.append(f"| {row.replicas} | {row.policy} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def plot_check(rows: Sequence[Comparison], axes: Any = None) -> Any:
+    """Real and simulated TTFT p50, p99 and tokens/s by fleet size, side by side."""
+    import matplotlib.pyplot as plt
+
+    axes = axes if axes is not None else plt.subplots(1, 3, figsize=(11, 3.5))[1]
+    sizes = [row.replicas for row in rows]
+    for ax, metric in zip(axes, METRICS[:3], strict=True):
+        ax.plot(sizes, [getattr(r.real, metric) for r in rows], "o-", label="real fleet")
+        ax.plot(sizes, [getattr(r.sim, metric) for r in rows], "s--", label="model")
+        ax.set(title=metric, xlabel="replicas", xticks=sizes)
+    axes[0].legend()
+    return axes

@@ -217,3 +217,35 @@ def measure(model: str | None = None, threads: int = 1, seed: int = 0, scale: fl
                    "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                    "load_average": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M")}  # fmt: skip
     return fit(points, state, machine)
+
+
+# --- telling it ---------------------------------------------------------------------------------------------------------
+
+
+def describe(cost: StepCost) -> str:
+    """The fit in words: each coefficient, the error, and what each term buys."""
+    m, e = cost.machine, cost.error
+    lines = [
+        f"t = {cost.base * 1e3:.2f} ms + {cost.per_prompt * 1e3:.3f} ms x prompt tokens + {cost.per_generated * 1e3:.3f} ms x "
+        f"streams' tokens + {cost.per_context * 1e3:.4f} ms x thousand attention pairs",
+        f"prompt cache copy: {cost.state_per_token * 1e6:.1f} us a token",
+        f"fit over {len(cost.points)} steps: relative error median {e['median']:.1%}, p90 {e['p90']:.1%}, max {e['max']:.0%}",
+        "without a term, the median error: " + ", ".join(f"{t} {e:.1%}" for t, e in cost.terms.items()),
+        f"measured: {m.get('model')}, -t {m.get('threads')}, {m.get('cores')} cores, load {m.get('load_average', 0):.1f}, {m.get('date')}",
+    ]
+    return "\n".join(lines)
+
+
+def plot_fit(cost: StepCost, ax: Any = None) -> Any:
+    """Each measured step's seconds against the fit's, on log axes, coloured by its prompt tokens; the diagonal is a perfect fit."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.subplots(figsize=(5, 5))[1]
+    measured = [p.seconds for p in cost.points]
+    predicted = [cost(p.n_prompt, p.n_generated, p.context) for p in cost.points]
+    dots = ax.scatter(measured, predicted, c=[p.n_prompt for p in cost.points], s=12, cmap="viridis")
+    low, high = min(measured + predicted), max(measured + predicted)
+    ax.plot([low, high], [low, high], color="grey", linewidth=1)
+    ax.set(xscale="log", yscale="log", xlabel="measured step (s)", ylabel="fitted step (s)")
+    ax.figure.colorbar(dots, ax=ax, label="prompt tokens in the step")
+    return ax

@@ -91,14 +91,21 @@ class SimJob:
 
 @dataclass
 class Cores:
-    """The machine's cores, shared by every replica on it (``None``: each replica on its own machine). A step that
-    starts while ``busy`` replicas step (itself included) on fewer cores runs ``busy / cores`` times slower."""
+    """The machine's cores, shared by every replica on it (``cores=None``: each replica on its own machine).
+
+    A step that starts while ``busy`` replicas step (itself included) runs ``(busy + background) / cores`` times slower
+    than on a core of its own, relative to one replica alone beside the same ``background``: the busy threads of other
+    programs (a shared machine's load average), which slowed the calibration's steps as much as a lone replica's.
+    """
 
     cores: float | None = None
+    background: float = 0.0
     busy: int = 0
 
     def slowdown(self) -> float:
-        return 1.0 if self.cores is None else max(1.0, self.busy / self.cores)
+        if self.cores is None:
+            return 1.0
+        return max(1.0, (self.busy + self.background) / self.cores) / max(1.0, (1 + self.background) / self.cores)
 
 
 @dataclass(frozen=True)

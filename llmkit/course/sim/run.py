@@ -134,6 +134,7 @@ def simulate(
     *,
     cost: Cost | None = None,
     cores: float | None = None,
+    background: float = 0.0,
     config: ReplicaConfig | None = None,
     answers: Answers | None = None,
     latency: float = LATENCY,
@@ -141,9 +142,10 @@ def simulate(
 ) -> SimResult:
     """Replay ``trace`` through a modelled fleet: ``replicas`` slot servers (``config``: ``llmkit serve slots``'s
     defaults) behind ``policy``, each step costing what ``cost`` says (the shipped calibration by default), all on
-    ``cores`` cores (None: each replica on its own). Deterministic for a seed."""
+    ``cores`` cores (None: each replica on its own) beside ``background`` busy threads of other programs (``Cores``).
+    Deterministic for a seed."""
     env = simpy.Environment()
-    fleet = SimFleet.build(env, replicas, policy, cost or StepCost.load(), Cores(cores), config or ReplicaConfig(), seed)
+    fleet = SimFleet.build(env, replicas, policy, cost or StepCost.load(), Cores(cores, background), config or ReplicaConfig(), seed)
     fleet.latency = latency
     records: list[Record] = []
     users = [env.process(converse(fleet, trace, c, answers or Answers(seed=seed), records)) for c in trace.conversations]
