@@ -11,16 +11,21 @@ The command that reruns it (on a quiet machine, calibrated there first):
 
 The model is given what the replay measured of each answer's length (``answer_lengths``): it predicts time, not what
 the model writes. Replicas share the machine's cores (``cores``): three replicas at ``-t 1`` on two cores cannot each
-run at their solo speed, and the model slows every step by ``busy / cores`` when more replicas step at once (and
-by the machine's other busy threads, its load average before the fleet started: ``replica.Cores``).
+run at their solo speed, and the model slows every step by ``(busy + background) / cores`` when the replicas stepping
+at once and the machine's other busy threads (``background``: sampled while the real fleet runs, ``Background``)
+outnumber the cores (``replica.Cores``). On a machine shared with other work that background is the model's largest
+uncertainty: near saturation, 4 or 6 other busy threads move the TTFT p50 several-fold.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from llmkit.course.sim.cost import Cost, StepCost
@@ -37,7 +42,9 @@ class Comparison:
     policy: str
     real: Summary
     sim: Summary
-    background: float = 0.0  # the load average before the real fleet started (the model's Cores.background)
+    background: float = 0.0  # other programs' runnable threads while the real fleet ran (the model's Cores.background)
+    records: list[Record] = field(default_factory=list)  # the real replay's, request by request ...
+    sim_records: list[Record] = field(default_factory=list)  # ... and the model's
 
     def error(self, metric: str) -> float:
         """(simulated - real) / real, in %."""
@@ -45,13 +52,47 @@ class Comparison:
         return 100 * (sim - real) / real if real else math.nan
 
 
+def runnable_threads(pids: Sequence[int]) -> int:
+    """Threads of these processes running or ready to run now (state R in ``/proc/PID/task/TID/stat``)."""
+    n = 0
+    for pid in pids:
+        for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+            with contextlib.suppress(OSError, IndexError):
+                n += stat.read_text().rsplit(")", 1)[1].split()[0] == "R"
+    return n
+
+
+class Background(threading.Thread):
+    """While a real fleet runs: ten times a second, the machine's runnable threads that are not the fleet's or this
+    process's (``/proc/loadavg``'s running count minus ours): the other programs competing for the cores. Their mean
+    is the model's ``Cores.background`` (a load average before the run would miss what starts during it)."""
+
+    def __init__(self, pids: Sequence[int]):
+        super().__init__(daemon=True)
+        self.pids, self.done = [*pids, os.getpid()], threading.Event()
+        self.samples: list[int] = []
+
+    def run(self) -> None:
+        while not self.done.wait(0.1):
+            running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+            self.samples.append(max(0, running - runnable_threads(self.pids)))
+
+    @property
+    def mean(self) -> float:
+        return sum(self.samples) / len(self.samples) if self.samples else os.getloadavg()[0]
+
+
 def real_fleet(trace: Trace, replicas: int, policy: str, max_tokens: int) -> tuple[list[Record], float]:
-    """The trace through a real fleet; and the machine's load average before it started (other programs' busy threads)."""
+    """The trace through a real fleet; and the other programs' runnable threads meanwhile (``Background``)."""
     from llmkit.course import fleet
 
-    background = os.getloadavg()[0]
     with fleet.start(replicas, "slots", policy) as running:
-        return fleet.run_trace(running, trace, max_tokens=max_tokens), background
+        background = Background([p.process.pid for p in (*running.replicas, running.router)])
+        background.start()
+        try:
+            return fleet.run_trace(running, trace, max_tokens=max_tokens), background.mean
+        finally:
+            background.done.set()
 
 
 def modelled(trace: Trace, records: Sequence[Record], replicas: int, policy: str, cost: Cost, cores: Cores, max_tokens: int) -> SimResult:
@@ -69,15 +110,15 @@ def compare(
     cores: float | None = None,
     max_tokens: int = 24,
 ) -> list[Comparison]:
-    """Each replica count: the real fleet's replay, then the model's (``cores``: this machine's, by default; the
-    background load: the load average before the fleet started)."""
+    """Each replica count: the real fleet's replay, then the model's (``cores``: this machine's, by default; its
+    background: the other programs' runnable threads measured while the real fleet ran)."""
     cost = cost or StepCost.load()
     cores = cores or os.cpu_count()
     rows = []
     for n in replicas:
         records, background = real_fleet(trace, n, policy, max_tokens)
         sim = modelled(trace, records, n, policy, cost, Cores(cores, background), max_tokens)
-        rows.append(Comparison(n, policy, summarize(records), sim.summary, background))
+        rows.append(Comparison(n, policy, summarize(records), sim.summary, background, records, sim.records))
     return rows
 
 

@@ -14,6 +14,8 @@ same: a batch is cheaper per token, not free); ``per_context`` attention: each t
 every token before it in its slot, so ``context`` is the number of (token, earlier token) pairs, in thousands. A prompt
 chunk of ``k`` tokens at position ``p`` adds ``k * p + k * (k + 1) / 2`` pairs, a stream's token at ``p`` adds ``p + 1``.
 ``StepCost.terms`` tells how much each term buys (the fit's error without it), so the course can say which matter.
+A step's cost is the CPU time of the engine's thread (llama.cpp computes on it at ``-t 1``): its time on a core of its
+own, whatever else the machine runs; the fleet's model slows it when replicas and other programs share the cores.
 
 Beside the steps, the engine copies a slot to the prompt cache and back (``Context.seq_state``): ``state_per_token``.
 
@@ -50,12 +52,13 @@ class Cost(Protocol):
 
 
 class Point(NamedTuple):
-    """One measured step: what its batch held and how long it took."""
+    """One measured step: what its batch held and what it cost."""
 
     n_prompt: int
     n_generated: int
     context: float  # thousands of (token, earlier token) pairs
-    seconds: float
+    seconds: float  # CPU seconds of the engine's thread: the step's time on a core of its own
+    wall: float = 0.0  # the step's wall-clock seconds (more on a machine busy with other programs)
 
 
 def pairs(n_tokens: int, pos: int) -> int:
@@ -130,14 +133,17 @@ def fit(points: Sequence[Point], state_per_token: float = 0.0, machine: dict[str
 class GpuLikeCost:
     """An assumed GPU-shaped step cost: flat up to ``knee`` tokens in the batch, then linear; plus attention.
 
-    ``t = flat * max(1, n_tokens / knee) + per_context * context``. The shape is the roofline of a decoder on a GPU: a
-    step streams every weight from memory once whatever its batch (``flat``), and only when the batch's arithmetic
-    outgrows that time does it grow with the tokens: knee = (the GPU's FLOP/s / its memory's bytes/s) x (bytes per
-    weight / 2 FLOPs per weight and token). For an A100 (312 TFLOP/s fp16, 2.0 TB/s) and 16-bit weights that is about
-    150 tokens; measured prefill throughput saturates later, at 256-512 tokens a step (Sarathi-Serve, OSDI 2024,
-    Fig. 3/5 for Mistral-7B and Yi-34B on A100s; vLLM's default chunked-prefill budget is 512 for the same reason),
-    so ``knee=256``. ``flat`` is one step's time at a small batch; by default the CPU fit's own cost of a one-token
-    step, so that only the *shape* changes between the two curves, not the machine's speed: say so when you compare.
+    ``t = flat * max(1, n_tokens / knee) + per_context * context``. The shape is a GPU's roofline: a step streams every
+    weight from memory once whatever its batch (``flat``), and only when the batch's arithmetic outgrows that time does
+    the step grow with its tokens. Where the knee sits: (the GPU's FLOP/s / its memory's bytes/s) x (bytes per weight /
+    2 FLOPs per weight and token): about 150 tokens for an A100 (312 TFLOP/s fp16, 2.0 TB/s) at 16-bit weights, more in
+    practice (kernels reach the FLOP/s later than the bandwidth), which is why Sarathi-Serve (OSDI 2024) and vLLM's
+    chunked prefill budget 512 tokens a step. llama.cpp's own CUDA numbers show the shape
+    (``examples/batched-bench/README.md``, LLaMA-7B F16, ``-ngl 99``): a decode step of 8, 16 and 32 streams takes
+    57, 66 and 69 ms (vs 24 ms for one), while prompts cost 0.83 ms a token (1,200 t/s): flat to a knee of ~80 tokens,
+    then linear. ``knee=256`` sits between the two. ``flat`` is one step's time at a small batch: by default (``like``)
+    the CPU fit's own one-token step, so that only the *shape* differs between the two curves, not the machine's
+    speed. This is an assumption to compare shapes, not a measured GPU: say so when you show it.
     """
 
     flat: float
@@ -157,14 +163,17 @@ class GpuLikeCost:
 # --- measuring --------------------------------------------------------------------------------------------------------
 
 
-def step_points(engine: Any, steps: Sequence[Any]) -> list[Point]:
-    """``StepRecord``s as points. Call it right after ``engine.step()``: a slot's start position is what it holds now
-    minus what the step wrote (the engine is stepped by hand, so nothing has moved since)."""
-    points = []
-    for step in steps:
-        context = sum(pairs(share.n_tokens, engine.slots[share.slot].n_past - share.n_tokens) for share in step.batch)
-        points.append(Point(step.n_prompt, step.n_generated, context / 1000, step.seconds))
-    return points
+def cpu_step(engine: Any) -> Point | None:
+    """One ``engine.step()`` as a point: its batch from the ``StepRecord``; its cost in CPU seconds of this thread, which
+    runs llama.cpp's compute at ``-t 1``, so another program's load on the machine does not count (the wall clock's
+    would); each slot's start position is what it holds after the step minus what the step wrote."""
+    t_cpu = time.thread_time()
+    step = engine.step()
+    if step is None:
+        return None
+    cpu = time.thread_time() - t_cpu
+    context = sum(pairs(share.n_tokens, engine.slots[share.slot].n_past - share.n_tokens) for share in step.batch)
+    return Point(step.n_prompt, step.n_generated, context / 1000, cpu, step.seconds)
 
 
 def run_requests(engine: Any, prompts: Sequence[int], max_tokens: int, rng: random.Random, late: int = 0) -> list[Point]:
@@ -179,22 +188,22 @@ def run_requests(engine: Any, prompts: Sequence[int], max_tokens: int, rng: rand
 
     requests, points = [submit(n) for n in prompts], []
     while not all(r.done for r in requests):
-        if (step := engine.step()) is not None:
-            points += step_points(engine, [step])
-            if late and step.n_generated:  # the streams run: the late prompt's chunks join their steps
+        if (point := cpu_step(engine)) is not None:
+            points.append(point)
+            if late and point.n_generated:  # the streams run: the late prompt's chunks join their steps
                 requests.append(submit(late))
                 late = 0
     return points
 
 
 def measure_state_copy(engine: Any, n_tokens: int = 1024, rounds: int = 5) -> float:
-    """Seconds per token to copy a slot's KV cells to RAM and back (what a prompt-cache save and restore cost)."""
+    """CPU seconds per token to copy a slot's KV cells to RAM and back (what a prompt-cache save and restore cost)."""
     run_requests(engine, [n_tokens - 1], 1, random.Random(0))
     slot = next(s for s in engine.slots if s.n_past)
-    t0 = time.perf_counter()
+    t0 = time.thread_time()
     for _ in range(rounds):
         engine.ctx.set_seq_state(slot.id, engine.ctx.seq_state(slot.id))
-    return (time.perf_counter() - t0) / rounds / 2 / slot.n_past
+    return (time.thread_time() - t0) / rounds / 2 / slot.n_past
 
 
 def measure(model: str | None = None, threads: int = 1, seed: int = 0, scale: float = 1.0) -> StepCost:
@@ -215,7 +224,8 @@ def measure(model: str | None = None, threads: int = 1, seed: int = 0, scale: fl
         state = measure_state_copy(engine, max(64, int(1024 * scale)))
         machine = {"model": engine.model.path.name, "threads": threads,
                    "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                   "load_average": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M")}  # fmt: skip
+                   "load_average": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M"),
+                   "cpu_share": sum(p.seconds for p in points) / sum(p.wall for p in points)}  # fmt: skip
     return fit(points, state, machine)
 
 
@@ -231,7 +241,8 @@ def describe(cost: StepCost) -> str:
         f"prompt cache copy: {cost.state_per_token * 1e6:.1f} us a token",
         f"fit over {len(cost.points)} steps: relative error median {e['median']:.1%}, p90 {e['p90']:.1%}, max {e['max']:.0%}",
         "without a term, the median error: " + ", ".join(f"{t} {e:.1%}" for t, e in cost.terms.items()),
-        f"measured: {m.get('model')}, -t {m.get('threads')}, {m.get('cores')} cores, load {m.get('load_average', 0):.1f}, {m.get('date')}",
+        f"measured: {m.get('model')}, -t {m.get('threads')}, {m.get('cores')} cores, load {m.get('load_average', 0):.1f} "
+        f"(the steps got {m.get('cpu_share', 1):.0%} of a core), {m.get('date')}",
     ]
     return "\n".join(lines)
 

@@ -93,9 +93,9 @@ class SimJob:
 class Cores:
     """The machine's cores, shared by every replica on it (``cores=None``: each replica on its own machine).
 
-    A step that starts while ``busy`` replicas step (itself included) runs ``(busy + background) / cores`` times slower
-    than on a core of its own, relative to one replica alone beside the same ``background``: the busy threads of other
-    programs (a shared machine's load average), which slowed the calibration's steps as much as a lone replica's.
+    The calibrated costs are CPU seconds: a step's time on a core of its own. A step that starts while ``busy`` replicas
+    step (itself included) beside ``background`` busy threads of other programs (a shared machine's load average) gets
+    ``cores / (busy + background)`` of a core when they outnumber the cores, so it runs that much longer.
     """
 
     cores: float | None = None
@@ -103,16 +103,15 @@ class Cores:
     busy: int = 0
 
     def slowdown(self) -> float:
-        if self.cores is None:
-            return 1.0
-        return max(1.0, (self.busy + self.background) / self.cores) / max(1.0, (1 + self.background) / self.cores)
+        return 1.0 if self.cores is None else max(1.0, (self.busy + self.background) / self.cores)
 
 
 @dataclass(frozen=True)
 class ReplicaConfig:
     """A slot server's settings that the model reads (``llmkit serve slots``'s defaults)."""
 
-    n_slots: int = AUTO_PARALLEL  # -np -1: 4 slots on a unified KV cache
+    n_slots: int = AUTO_PARALLEL  # -np -1: 4 slots ...
+    kv_unified: bool = True  # ... on a unified KV cache (idle slots are cleared once copied to the prompt cache)
     n_ctx: int = 8192
     n_batch: int = 2048
     step_tokens: int = DEFAULT_STEP_TOKENS
@@ -179,13 +178,14 @@ class Replica:
         return [slot for slot in self.slots if slot.id not in self.jobs]
 
     def save_idle_slots(self) -> None:
-        """Idle slots to the prompt cache, and cleared on the unified KV cache (``Engine.save_idle_slots``)."""
+        """Idle slots to the prompt cache, and cleared on a unified KV cache (``Engine.save_idle_slots``)."""
         if self.cache is None:
             return
         for slot in self.idle_slots():
             if slot.save_prompt(self.cache, self.memory):
                 self.cache.update()
-            slot.clear_prompt(self.memory)
+            if self.config.kv_unified:
+                slot.clear_prompt(self.memory)
 
     def plan(self) -> list[tuple[SimJob, int]]:
         """Each stream's token, then prompt chunks in arrival order within the step's budget (``build_batch``)."""
