@@ -63,19 +63,20 @@ def runnable_threads(pids: Sequence[int]) -> int:
 
 
 class Background(threading.Thread):
-    """While a real fleet runs: ten times a second, the machine's runnable threads that are not the fleet's or this
-    process's (``/proc/loadavg``'s running count minus ours): the other programs competing for the cores. Their mean
-    is the model's ``Cores.background`` (a load average before the run would miss what starts during it)."""
+    """While a real fleet runs: ten times a second, the machine's runnable threads that are not the replicas'
+    (``/proc/loadavg``'s running count, less the replicas' and this sampler): everything else that competes with the
+    replicas' steps for the cores, the router and the replaying client included. Their mean is the model's
+    ``Cores.background`` (a load average taken before the run would miss what starts during it)."""
 
-    def __init__(self, pids: Sequence[int]):
+    def __init__(self, replica_pids: Sequence[int]):
         super().__init__(daemon=True)
-        self.pids, self.done = [*pids, os.getpid()], threading.Event()
+        self.pids, self.done = list(replica_pids), threading.Event()
         self.samples: list[int] = []
 
     def run(self) -> None:
         while not self.done.wait(0.1):
             running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
-            self.samples.append(max(0, running - runnable_threads(self.pids)))
+            self.samples.append(max(0, running - 1 - runnable_threads(self.pids)))
 
     @property
     def mean(self) -> float:
@@ -87,7 +88,7 @@ def real_fleet(trace: Trace, replicas: int, policy: str, max_tokens: int) -> tup
     from llmkit.course import fleet
 
     with fleet.start(replicas, "slots", policy) as running:
-        background = Background([p.process.pid for p in (*running.replicas, running.router)])
+        background = Background([replica.process.pid for replica in running.replicas])
         background.start()
         try:
             return fleet.run_trace(running, trace, max_tokens=max_tokens), background.mean

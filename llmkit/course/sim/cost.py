@@ -142,8 +142,8 @@ class GpuLikeCost:
     (``examples/batched-bench/README.md``, LLaMA-7B F16, ``-ngl 99``): a decode step of 8, 16 and 32 streams takes
     57, 66 and 69 ms (vs 24 ms for one), while prompts cost 0.83 ms a token (1,200 t/s): flat to a knee of ~80 tokens,
     then linear. ``knee=256`` sits between the two. ``flat`` is one step's time at a small batch: by default (``like``)
-    the CPU fit's own one-token step, so that only the *shape* differs between the two curves, not the machine's
-    speed. This is an assumption to compare shapes, not a measured GPU: say so when you show it.
+    the CPU fit's own one-stream step, so that only the *shape* differs between the two curves, not the speed of one
+    stream. This is an assumption to compare shapes, not a measured GPU: say so when you show it.
     """
 
     flat: float
@@ -156,8 +156,11 @@ class GpuLikeCost:
 
     @classmethod
     def like(cls, cpu: StepCost, knee: int = 256) -> GpuLikeCost:
-        """The GPU-like shape at ``cpu``'s speed for one token (its attention and prompt-cache costs kept)."""
-        return cls(cpu(0, 1, 0.0), knee, cpu.per_context, cpu.state_per_token)
+        """The GPU-like shape at ``cpu``'s speed for one token: a step of up to ``knee`` tokens costs what the CPU's
+        one-stream step costs; attention is scaled as the matrix products are past the knee (it is arithmetic too);
+        the prompt cache's copies are the CPU's."""
+        flat = cpu(0, 1, 0.0)
+        return cls(flat, knee, cpu.per_context * (flat / knee) / cpu.per_prompt, cpu.state_per_token)
 
 
 # --- measuring --------------------------------------------------------------------------------------------------------
