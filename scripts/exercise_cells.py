@@ -121,20 +121,25 @@ def edit_chapter(path: Path, lang: str, chapter: int) -> None:
     nbformat.write(nb, path)
 
 
-def edit_catalogs(locale: Path) -> None:
-    """The Japanese labels the new solution cells print, and chapter 0's changed one."""
-    import polib
+def po_entry(msgid: str, msgstr: str) -> str:
+    """One catalog entry as the catalogs write them: each string on one line."""
+    quote = lambda text: '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'  # noqa: E731
+    return f"msgid {quote(msgid)}\nmsgstr {quote(msgstr)}\n"
 
+
+def edit_catalogs(locale: Path) -> None:
+    """The Japanese labels the new solution cells print, and chapter 0's changed one: appended and replaced as text, so
+    that the rest of each catalog stays as it is."""
     for name, entries in PO_ADDITIONS.items():
-        po = polib.pofile(str(locale / name))
-        for msgid, msgstr in entries.items():
-            po.append(polib.POEntry(msgid=msgid, msgstr=msgstr))
-        po.save()
+        path = locale / name
+        added = "".join("\n" + po_entry(msgid, msgstr) for msgid, msgstr in entries.items())
+        path.write_text(path.read_text(encoding="utf-8").rstrip("\n") + "\n" + added, encoding="utf-8")
     for name, (old, new, msgstr) in PO_RENAMES.items():
-        po = polib.pofile(str(locale / name))
-        entry = po.find(old)
-        entry.msgid, entry.msgstr = new, msgstr
-        po.save()
+        path = locale / name
+        text = path.read_text(encoding="utf-8")
+        start = text.index(f'msgid "{old}"')
+        end = text.index("\n\n", start)
+        path.write_text(text[:start] + po_entry(new, msgstr).rstrip("\n") + text[end:], encoding="utf-8")
 
 
 def edit_chapter_zero(path: Path, lang: str) -> None:
