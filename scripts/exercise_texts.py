@@ -1473,13 +1473,13 @@ first_block = {"llmkit": ..., "llama-server": ...}  # "tool_use" or "text"
 """,
     check="ex.q4.check(first_block)",
     solution='''
-from llmkit.server.messages import AnthropicToolChoice
+from llmkit.server.dialects.messages import AnthropicToolChoice
 
 first_block = {"llmkit": "tool_use", "llama-server": "text"}  # llmkit describes the tool in a system message; llama-server's template drops it
 
 convert = find("server_chat_convert_anthropic_to_oai")
 print(convert.around('type == "any"', before=1, after=1))
-print(llmkit_symbol("llmkit.server.messages.AnthropicToolChoice.to_chat"))
+print(llmkit_symbol("llmkit.server.dialects.messages.AnthropicToolChoice.to_chat"))
 print(find("oaicompat_chat_params_parse").around("auto chat_params = common_chat_templates_apply(", before=0, after=5))
 to_json = find("server_task_result_cmpl_final::to_json_anthropic")
 print(to_json.lines(to_json.start, to_json.start + 4))
@@ -1795,7 +1795,7 @@ more_drafted_with_2 = ...  # True if size_n 2 drafts more tokens than size_n 12,
 more_drafted_with_2 = True  # a shorter pattern matches more often: more drafts, of which a smaller share is right
 
 by_size = {}
-with Engine(model, EngineConfig(n_parallel=1, n_ctx=2048, n_threads=1, speculative=SpecParams("ngram-simple"))) as engine:
+with Engine(model, EngineConfig(n_parallel=1, n_ctx=2048, n_threads=1, speculative=SpecParams(SpecType.NGRAM_SIMPLE))) as engine:
     for size_n in (12, 4, 2):
         engine.drafter = NgramSimple(size_n, 48)
         r = engine.complete(COPY, max_tokens=96, temperature=0, ignore_eos=True)
@@ -1832,7 +1832,7 @@ more_steps = ...  # True if the 48 tokens take more steps than with the engine's
 longest_draft, more_steps = 4, True  # drafts cut to the request's limit: at most 5 tokens a step
 
 steps_for = {}
-with Engine(model, EngineConfig(n_parallel=1, n_ctx=2048, n_threads=1, speculative=SpecParams("ngram-simple"))) as engine:
+with Engine(model, EngineConfig(n_parallel=1, n_ctx=2048, n_threads=1, speculative=SpecParams(SpecType.NGRAM_SIMPLE))) as engine:
     engine.complete(COPY, max_tokens=1, temperature=0).result()  # the prompt into the cache
     for n_draft_max in (4, None):
         engine.steps.clear()
@@ -1987,7 +1987,7 @@ class PromptLookup:
         pass
 
 
-with Engine(model, EngineConfig(n_parallel=1, n_ctx=2048, n_threads=1, speculative=SpecParams("ngram-simple"))) as engine:
+with Engine(model, EngineConfig(n_parallel=1, n_ctx=2048, n_threads=1, speculative=SpecParams(SpecType.NGRAM_SIMPLE))) as engine:
     engine.drafter = PromptLookup(3)
     r = engine.complete(COPY, max_tokens=64, temperature=0, ignore_eos=True)
     r.result()
