@@ -324,7 +324,7 @@ MAP: tuple[Counterpart, ...] = (
                 "the rest of the token into the grammar, which throws if it does not fit: llama-server fails that request (500), "
                 "a caller of the C API, as llmkit is, aborts (chapter 6)",
                 in_upstream="grammar.awaiting_trigger", in_llmkit="self.fired"),
-    Counterpart("llmkit.server.sse.pick", "json_get_nested_values", COMMON,
+    Counterpart("llmkit.server.dialects.native.pick", "json_get_nested_values", COMMON,
                 "the same: response_fields by slash path, each kept under its path, one that leads nowhere left out",
                 in_upstream="valid_path = false", in_llmkit='path.split("/")'),
     Counterpart("llmkit.server.sse.named_event", "format_anthropic_sse", COMMON,
