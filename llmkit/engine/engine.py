@@ -428,7 +428,7 @@ class Engine:
         n_prompt = sum(share.n_tokens for share in batch if share.is_prompt)
         n_generated = sum(share.n_tokens for share in batch if not share.is_prompt)
         step = StepRecord(t0, time.perf_counter() - t0, decode_seconds, n_prompt, n_generated, len(plan), batch)
-        self.counters.record_step(step)
+        self.counters.record_step(step, max((c.slot.n_past for c in plan), default=0))
         self.steps.append(step)
         return step
 
