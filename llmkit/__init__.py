@@ -10,7 +10,7 @@ Map of the package (each module one role, named after llama-server's files). The
     sequential/ the tutorial's translation server (one request at a time)
     engine/     the slot engine: continuous batching, prefix reuse (~ server-context.cpp)
     server/     the slot server's OpenAI-compatible HTTP layer (~ server.cpp, server-http.cpp)
-    cli         `llmkit serve | translate | bench | upstream`
+    cli         `llmkit serve | translate | bench | upstream | fleet`
 
 The course's apparatus, apart from it (the `lab` extra; no server imports it):
 
@@ -18,6 +18,8 @@ The course's apparatus, apart from it (the `lab` extra; no server imports it):
       upstream/   the real llama-server: its C++ read by name, MAP (llmkit <-> llama-server), its build
       bench/      `llmkit bench`: the servers side by side over HTTP
       launch      start/stop servers in the background (notebooks, tests, bench)
+      fleet       replicas behind a real router (vllm-router), in one line; a replica killed and restarted
+      trace       a multi-tenant chat trace (seeded), its replay over HTTP, what it measured
       client      HTTP helpers: stream from either server and time every piece
       widgets     ipywidgets: a translator that streams into the page
 

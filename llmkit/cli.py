@@ -1,4 +1,4 @@
-"""``llmkit`` command line: serve | translate | bench | upstream.
+"""``llmkit`` command line: serve | translate | bench | upstream | fleet.
 
 llmkit serve sequential [--model PATH] [--host 127.0.0.1] [--port 8080]
 llmkit serve slots      [-m PATH] [-c 8192] [-np 4] ...   (flags named like llama-server's)
@@ -6,6 +6,8 @@ llmkit translate "Hello" --to ja [--url http://127.0.0.1:8080]
 llmkit bench [--url NAME=URL ...]
 llmkit upstream find get_available_slot    # llama-server's C++ by name, with line numbers
 llmkit upstream build                      # build llama-server from the same llama.cpp (once)
+llmkit fleet --replicas 2 --server slots --policy cache_aware    # replicas behind vllm-router, until Ctrl-C
+llmkit fleet --policy round_robin cache_aware --trace             # the multi-tenant trace through each policy
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import fields
 
 from llmkit import models
 from llmkit.engine.config import DEFAULT_STEP_TOKENS, EngineConfig
 from llmkit.engine.scheduler import POLICIES, LlamaServerPolicy
-from llmkit.engine.speculative import SPEC_TYPES, SpecParams
+from llmkit.engine.speculative import SpecParams, SpecType
 
 LOG_FORMAT = "%(asctime)s %(levelname).1s %(name)s: %(message)s"
 LAB = "pip install 'llmkit[lab]'"
@@ -55,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_translate_parser(sub)
     add_bench_parser(sub)
     add_upstream_parser(sub)
+    add_fleet_parser(sub)
     return parser
 
 
@@ -154,9 +158,11 @@ def add_kv_cache_flags(slots: argparse.ArgumentParser) -> None:
 
 def add_speculative_flags(slots: argparse.ArgumentParser) -> None:
     """Draft-free speculative decoding, llama-server's flags and defaults (``SpecParams``)."""
+    modes = "{" + ",".join(t.value for t in SpecType) + "}"
     slots.add_argument(
-        "--spec-type", choices=SPEC_TYPES, default="none", help="guess the next tokens from n-grams of the slot's own text (default none)"
-    )
+        "--spec-type", type=SpecType, choices=list(SpecType), default=SpecType.NONE, metavar=modes,
+        help="guess the next tokens from n-grams of the slot's own text (default none)",
+    )  # fmt: skip
     defaults = SpecParams()
     for name, help_text in (
         ("ngram_simple_size_n", "ngram-simple: tokens that must match"),
@@ -176,10 +182,7 @@ def add_speculative_flags(slots: argparse.ArgumentParser) -> None:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    speculative = SpecParams(
-        args.spec_type, args.spec_ngram_simple_size_n, args.spec_ngram_simple_size_m,
-        args.spec_ngram_mod_n_match, args.spec_ngram_mod_n_min, args.spec_ngram_mod_n_max, args.spec_slow_start,
-    )  # fmt: skip
+    speculative = SpecParams(**{f.name: getattr(args, "spec_" + f.name) for f in fields(SpecParams)})  # --spec-<field>
     return EngineConfig(
         n_parallel=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads, kv_unified=args.kv_unified,
         step_tokens=args.step_tokens, cache_ram_mib=args.cache_ram, cache_idle_slots=args.cache_idle_slots,
@@ -264,6 +267,23 @@ def add_upstream_parser(sub: argparse._SubParsersAction) -> None:
     actions.add_parser("path", help="fetch the source if needed and print where it is")
 
 
+def add_fleet_parser(sub: argparse._SubParsersAction) -> None:
+    f = sub.add_parser("fleet", help="replicas of a server behind a real router (vllm-router), until Ctrl-C; or a trace through them")
+    f.add_argument("--replicas", type=int, default=2, help="how many servers (default 2), each -t 1")
+    f.add_argument("--server", choices=("slots", "llama-server"), default="slots", help="what each replica runs (default slots)")
+    f.add_argument("--policy", nargs="+", default=["cache_aware"], help="the router's policy (default cache_aware); several with --trace")
+    f.add_argument("--port", type=int, default=None, help="the router's port (default: a free one)")
+    f.add_argument("--flags", default="", help='more flags for every replica, one string: --flags "-c 4096 -np 2"')
+    f.add_argument("--router-flags", default="", help='more flags for vllm-router: --router-flags "--balance-abs-threshold 2"')
+    f.add_argument("--trace", action="store_true", help="replay the multi-tenant trace through each policy, print what it measured, exit")
+    f.add_argument("--seed", type=int, default=0, help="the trace's seed (default 0)")
+    f.add_argument("--conversations", type=int, default=10, help="the trace's conversations (default 10)")
+    f.add_argument("--turns", type=int, default=4, help="questions per conversation (default 4)")
+    f.add_argument("--tenants", type=int, default=4, help="tenants, each with its own system prompt and examples (default 4)")
+    f.add_argument("--max-tokens", type=int, default=24, help="answer length cap (default 24)")
+    f.add_argument("--out", default=None, help="with --trace: also write every request's record here (JSON)")
+
+
 def serve_sequential(args: argparse.Namespace) -> None:
     import uvicorn
 
@@ -283,7 +303,7 @@ def serve_sequential(args: argparse.Namespace) -> None:
 def serve_slots(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from llmkit.engine import Engine
+    from llmkit.engine import Engine, RequestParams
     from llmkit.server import Settings, create_app
 
     path = models.resolve_model(args.model)  # a bad path fails here, before the server starts
@@ -301,10 +321,10 @@ def serve_slots(args: argparse.Namespace) -> int:
             server.should_exit = True  # llama-server exits when the model does not load: so do we
             raise
 
+    defaults = RequestParams.of(max_tokens=args.n_predict, temperature=args.temp, seed=args.seed)  # what a request leaves out
     settings = Settings(
-        alias=args.alias, api_key=args.api_key, n_predict=args.n_predict, temperature=args.temp, seed=args.seed,
-        metrics=args.metrics, slots=args.slots, max_body_size=args.max_body_size, n_threads=args.threads,
-        sse_ping_interval=args.sse_ping_interval,
+        alias=args.alias, api_key=args.api_key, defaults=defaults, metrics=args.metrics, slots=args.slots,
+        max_body_size=args.max_body_size, n_threads=args.threads, sse_ping_interval=args.sse_ping_interval,
     )  # fmt: skip
     app = create_app(load, settings)  # /health answers 503 until load() returns
     # access_log=False: the app logs one line per request itself, with token counts.
@@ -378,6 +398,56 @@ def upstream_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def fleet_command(args: argparse.Namespace) -> int:
+    import dataclasses
+    import importlib.util
+    import json
+    import os
+    import shlex
+    import signal
+    import time
+    from pathlib import Path
+
+    with course_imports("fleet"):
+        from llmkit.course import fleet, trace
+
+        if importlib.util.find_spec("vllm_router") is None:  # the router: a package of the lab extra, run as a process
+            raise ModuleNotFoundError("no vllm_router", name="vllm_router")
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind like Ctrl-C: the fleet is stopped on the way out
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    flags, router_flags = shlex.split(args.flags), shlex.split(args.router_flags)
+    try:
+        if args.trace:
+            plan = trace.make_trace(args.seed, args.tenants, args.conversations, args.turns)
+            sizes = f"{plan.n_requests} requests, {len(plan.conversations)} conversations, {len(plan.tenants)} tenants"
+            print(f"trace (seed {args.seed}): {sizes}")
+            runs = {}
+            for policy in args.policy:
+                load = os.getloadavg()[0]
+                run = fleet.compare(args.server, [policy], plan, args.replicas, flags, router_flags, max_tokens=args.max_tokens)
+                runs[policy] = run[policy]
+                print(f"{args.server} x{args.replicas} {policy:<16} {trace.summarize(runs[policy]).line()}  (load {load:.1f})", flush=True)
+            if args.out:
+                Path(args.out).write_text(json.dumps({p: [dataclasses.asdict(r) for r in rs] for p, rs in runs.items()}, indent=1))
+            return 0
+        with fleet.start(args.replicas, args.server, args.policy[0], flags=flags, router_flags=router_flags, port=args.port) as running:
+            print(f"router ({args.policy[0]}): {running.url}")
+            for name, path in running.logs.items():
+                print(f"  {name}: {path}")
+            print("Ctrl-C stops every process.", flush=True)
+            while running.router.running() and all(r.running() for r in running.replicas):
+                time.sleep(0.5)
+            print("llmkit fleet: a process exited; see its log above", file=sys.stderr)
+            return 1
+    except (fleet.FleetError, fleet.launch.PortInUse, ValueError) as exc:
+        print(f"llmkit fleet: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("llmkit fleet: stopped", file=sys.stderr)
+        return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
@@ -392,6 +462,8 @@ def main(argv: list[str] | None = None) -> int:
             return bench(args)
         elif args.command == "upstream":
             return upstream_command(args)
+        elif args.command == "fleet":
+            return fleet_command(args)
     except models.ModelFileError as exc:
         print(f"llmkit: error: {exc}", file=sys.stderr)
         return 2

@@ -391,7 +391,7 @@ class Batch:
 # --- Sampler --------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling settings, with llama-server's defaults (~ ``common_params_sampling``: ``ignore_eos`` is
     one of them there too, a -inf bias on the end tokens; how long to go and where to stop are the request's,

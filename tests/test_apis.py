@@ -20,8 +20,11 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from test_server_app import FakeEngine, ends
 
 from llmkit.course import launch
+from llmkit.engine import End
+from llmkit.server import Settings, create_app
 
 from helpers import wait_until
 
@@ -419,3 +422,20 @@ def test_a_template_that_renders_tools_renders_them_and_the_call_is_the_same(mod
         assert request.outcome is not None and request.outcome.end in (End.EOS, End.WORD)
         for call in reader.calls:
             valid_call(call.name, json.loads(call.arguments))
+
+
+def test_the_official_sdks_send_priority_and_the_tenant_as_their_extras():
+    """OpenAI's and Anthropic's clients have no priority argument: extra_body carries it, extra_headers the tenant
+    (over a scripted engine, tests/test_server_app.py's: what reached it is what the routes asked of it)."""
+    seen = []
+    engine = FakeEngine(lambda r: (seen.append(r.params), ends(r, End.EOS)))
+    extras = {"extra_body": {"priority": 5}, "extra_headers": {"X-Tenant": "team-b"}}
+    hi = [{"role": "user", "content": "Hi"}]
+    with launch.serve_app(create_app(engine, Settings(alias="fake"))) as url:
+        oai = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        oai.chat.completions.create(model="fake", messages=hi, **extras)  # type: ignore[arg-type]
+        oai.completions.create(model="fake", prompt="Hi", **extras)
+        oai.responses.create(model="fake", input="Hi", **extras)
+        claude = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0)
+        claude.messages.create(model="fake", max_tokens=8, messages=hi, **extras)  # type: ignore[arg-type]
+    assert [(p.priority, p.tenant) for p in seen] == [(5, "team-b")] * 4

@@ -169,8 +169,9 @@ def test_the_slot_server_with_llama_servers_cache_flags():
     flags = ("-c", "512", "-t", "1", "--temp", "0", "--metrics", "--cache-reuse", "32", "--context-shift")
     with launch.serve("slots", *flags) as server, httpx.Client(base_url=server.url, timeout=120) as http:
         props = http.get("/props").json()
-        assert props["total_slots"] == 4 and props["kv_unified"] and props["default_generation_settings"]["n_ctx"] == 512
-        assert props["cache_reuse"] == 32 and props["context_shift"] and props["prompt_cache"]["limit_bytes"] == 8192 * MIB
+        engine = props["engine"]  # llmkit's own: the EngineConfig in effect
+        assert props["total_slots"] == 4 and engine["kv_unified"] and props["default_generation_settings"]["n_ctx"] == 512
+        assert engine["cache_reuse"] == 32 and engine["context_shift"] and props["prompt_cache"]["limit_bytes"] == 8192 * MIB
 
         def complete(prompt: str, **body) -> dict:
             r = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 4, **body})

@@ -196,6 +196,7 @@ ROWS = [
     Row("completion stream", "/completion", {"prompt": COUNT, "n_predict": 8, "stream": True}),
     Row("completion stream n_probs", "/completion", {"prompt": COUNT, "n_predict": 4, "n_probs": 2, "stream": True}),
     Row("completions without /v1", "/completions", {"prompt": COUNT, "n_predict": 8}),
+    Row("completion n_predict 0", "/completion", {"prompt": COUNT, "n_predict": 0}, same=("content", "tokens_predicted", "stop_type")),
     # structured output
     Row("response_format json_schema", "/v1/chat/completions",
         {"messages": PERSON, "max_tokens": 24, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}},
@@ -296,7 +297,10 @@ RESPONSE_FIELDS = ("error", "incomplete_details", "previous_response_id", "reaso
 TOOLS_IGNORED = ("llama-server renders tools only in a template's own tool syntax, and common/chat.cpp's autoparser finds none in "
                  "SmolLM2's (its prompt with tools is the prompt without, 37 tokens, no grammar): it answers in text; "
                  "llmkit describes the tools in Hermes 2 Pro's format and constrains the answer to a call (tools.py)")  # fmt: skip
-NATIVE_ROWS = ("completion", "completion n_probs", "completion stream", "completion stream n_probs", "completions without /v1")
+NATIVE_ROWS = ("completion", "completion n_probs", "completion stream", "completion stream n_probs", "completions without /v1",
+               "completion n_predict 0")  # fmt: skip
+PROMPT_ONLY = ("server-schema.cpp says n_predict 0 evaluates the prompt into the cache and generates nothing, and llmkit does "
+               "that; llama-server's process_token checks the budget only after a token (n_gen > 0), so it samples one")  # fmt: skip
 
 INTENDED: list[tuple[tuple[str, ...], str, str]] = [
     (CHAT_ROWS, '*choices[0].logprobs: ours "null", theirs "absent"',
@@ -318,10 +322,14 @@ INTENDED: list[tuple[tuple[str, ...], str, str]] = [
      "llmkit adds OpenAI's legacy text-completion lists (tokens, token_logprobs, top_logprobs) beside llama-server's content"),
     (NATIVE_ROWS, '*generation_settings.*: ours "absent"',
      "generation_settings lists the sampling settings llmkit has; llama-server's task_params::to_json adds dry, xtc, mirostat, ..."),
+    (NATIVE_ROWS, '*generation_settings.*: ours *, theirs "absent"',
+     "after llama-server's keys, RequestParams.to_dict writes llmkit's own settings (cache_prompt, id_slot, priority, tenant ...)"),
+    (("completion n_predict 0",), "values.content", PROMPT_ONLY),
+    (("completion n_predict 0",), "values.tokens_predicted", PROMPT_ONLY),
     (("chat", "chat stream", "chat stream usage", "chat logprobs", "chat stream logprobs", "chat cached", "chat without /v1", "chat eos",
       "completions", "completions stream", "completions logprobs", "completion", "completion n_probs", "completion stream",
-      "completion stream n_probs", "completions without /v1", "response_format json_schema", "json_schema", "grammar",
-      "chat tools required", "responses stream"),
+      "completion stream n_probs", "completions without /v1", "completion n_predict 0", "response_format json_schema",
+      "json_schema", "grammar", "chat tools required", "responses stream"),
      '*timings.n_cache_reuse: ours "number", theirs "absent"',
      "llmkit's timings also say how many of cache_n were moved into place by --cache-reuse (llama-server counts them in cache_n only)"),
     (("v1/models", "models"), 'body.models: ours "absent"',

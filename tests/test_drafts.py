@@ -9,7 +9,7 @@ from test_scheduler import CAPACITY
 
 from llmkit.engine.config import EngineConfig
 from llmkit.engine.scheduler import build_batch
-from llmkit.engine.speculative import NgramMod, NgramSimple, SpecParams, make_drafter, rfind
+from llmkit.engine.speculative import NgramMod, NgramSimple, SpecParams, SpecType, make_drafter, rfind
 
 from helpers import generating, reading, running
 
@@ -62,14 +62,14 @@ def test_ngram_mod_forgets_after_five_drafts_mostly_rejected():
 
 def test_spec_params_are_checked_and_make_their_drafter():
     assert make_drafter(SpecParams()) is None
-    assert isinstance(make_drafter(SpecParams("ngram-simple")), NgramSimple)
-    assert SpecParams("ngram-mod").n_max == 64
-    with pytest.raises(ValueError, match="spec_type must be one of"):
+    assert isinstance(make_drafter(SpecParams(SpecType.NGRAM_SIMPLE)), NgramSimple)
+    assert SpecParams(SpecType.NGRAM_MOD).n_max == 64
+    with pytest.raises(ValueError, match="spec_type must be a SpecType"):
         EngineConfig(speculative=SpecParams("eagle")).resolved()
 
 
 def test_slow_start_doubles_the_window_on_a_whole_draft_and_shrinks_it_to_the_kept_run():
-    fixed, slow = SpecParams("ngram-mod"), SpecParams("ngram-mod", slow_start=4)
+    fixed, slow = SpecParams(SpecType.NGRAM_MOD), SpecParams(SpecType.NGRAM_MOD, slow_start=4)
     assert fixed.first_window == 64 and fixed.next_window(0) == 64  # llama-server's: always the mode's longest
     window, windows = slow.first_window, []
     for kept_all in (True, True, True, True, True, False):  # whole drafts, then one cut after 3 tokens
@@ -78,7 +78,7 @@ def test_slow_start_doubles_the_window_on_a_whole_draft_and_shrinks_it_to_the_ke
     assert windows == [8, 16, 32, 64, 64, 6]
     assert slow.next_window(0) == 4  # never below slow_start
     with pytest.raises(ValueError, match="slow_start"):
-        SpecParams("ngram-mod", slow_start=-1).checked()
+        SpecParams(SpecType.NGRAM_MOD, slow_start=-1).checked()
 
 
 def test_a_draft_rides_behind_its_stream_token_and_asks_for_logits_at_every_position():

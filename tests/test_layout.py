@@ -1,12 +1,14 @@
-"""The package's rooms: the runtime apart from the course's apparatus (llmkit.course), and one map of them.
+"""The package's rooms: the runtime apart from the course's apparatus (llmkit.course), and the maps of them.
 
 The servers install and run without the ``lab`` extra, so no runtime module may import ``llmkit.course`` or a
-package that only the extra brings (tree-sitter, Pygments, wcwidth, ...). And the map in ``llmkit/__init__.py``
-and README.md's "Layout" list the same rooms as the files on disk.
+package that only the extra brings (tree-sitter, Pygments, wcwidth, ...). And the maps list the same rooms as the
+files on disk: ``llmkit/__init__.py``'s, each package's own docstring map (``engine``, ``server``, its
+``dialects``, ``grammar``), and README.md's "Layout", down to the modules of ``engine/`` and ``server/``.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import pkgutil
@@ -15,6 +17,8 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+import pytest
 
 import llmkit
 
@@ -78,6 +82,7 @@ def test_the_cli_names_the_lab_extra_when_a_command_needs_it(tmp_path):
         ["upstream", "find", "get_available_slot"],
         ["bench", "-m", str(tmp_path / "none.gguf"), "-o", str(tmp_path / "out")],
         ["translate", "Hello", "--url", "http://127.0.0.1:9"],
+        ["fleet", "--port", "9"],
     )
     code = f"""
 from llmkit.cli import main
@@ -91,7 +96,7 @@ for argv in {commands!r}:
     run = without_lab(code, cwd=tmp_path, env=nowhere)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["llmkit upstream", "llmkit bench", "llmkit translate"], run.stdout
+    assert [line.split(":")[0] for line in lines] == ["llmkit upstream", "llmkit bench", "llmkit translate", "llmkit fleet"], run.stdout
     assert all("pip install 'llmkit[lab]'" in line for line in lines), run.stdout
 
 
@@ -100,17 +105,18 @@ for argv in {commands!r}:
 ENTRY = re.compile(r"( *)([a-z_]\w*)(?:\.py|/)?(?: |$)")  # "  engine/   the slot engine", "    launch.py   start/stop ..."
 
 
-def rooms(lines: list[str], indent: int) -> dict[str, list[str]]:
-    """Each entry at ``indent`` spaces -> the entries just under it, named as modules (no ``.py``, no ``/``)."""
-    tree: dict[str, list[str]] = {}
+def tree(lines: list[str], indent: int) -> dict[str, dict]:
+    """The entries at ``indent`` spaces (named as modules: no ``.py``, no ``/``), each with the tree of the entries
+    nested under it (two spaces deeper)."""
+    found: dict[str, list[str]] = {}
     for line in lines:
         entry = ENTRY.match(line)
         depth = len(entry.group(1)) if entry else -1
         if depth == indent:
-            tree[entry.group(2)] = []
-        elif depth == indent + 2 and tree:
-            tree[list(tree)[-1]].append(entry.group(2))
-    return tree
+            found[entry.group(2)] = []
+        elif depth > indent and found and line.strip():
+            found[list(found)[-1]].append(line)
+    return {name: tree(under, indent + 2) for name, under in found.items()}
 
 
 def readme_layout() -> list[str]:
@@ -127,9 +133,36 @@ def on_disk(folder: Path) -> list[str]:
 
 
 def test_the_package_map_and_the_readme_list_the_rooms_on_disk():
-    readme, docstring = rooms(readme_layout(), 2), rooms(llmkit.__doc__.splitlines(), 4)
+    readme, docstring = tree(readme_layout(), 2), tree(llmkit.__doc__.splitlines(), 4)
     disk = (on_disk(LLMKIT), on_disk(LLMKIT / "course"))
-    for where, tree in (("README.md", readme), ("llmkit/__init__.py", docstring)):
-        assert (sorted(tree), sorted(tree.get("course", []))) == disk, f"{where}'s map and the files differ"
-    assert list(readme) == list(docstring) and readme["course"] == docstring["course"], "the two maps list the rooms in one order"
+    for where, rooms in (("README.md", readme), ("llmkit/__init__.py", docstring)):
+        assert (sorted(rooms), sorted(rooms.get("course", []))) == disk, f"{where}'s map and the files differ"
+    assert list(readme) == list(docstring) and list(readme["course"]) == list(docstring["course"]), (
+        "the two maps list the rooms in one order"
+    )
     assert list(docstring)[-1] == "course", "the runtime first, then the course's apparatus"
+
+
+MAP_ENTRY = re.compile(r"( *)([a-z_]\w*)(?:\.py|/)? {2,}\S")  # "config.py        EngineConfig: ...", "    dialects/    one ..."
+MAPPED = ("engine", "server", "server/dialects", "grammar")  # the packages whose docstring maps their modules
+
+
+def docstring_map(package: Path) -> list[str]:
+    """The modules a package's docstring lists: its map's entries (a name, two spaces or more, its role) at the map's indent."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    entries = [(len(m.group(1)), m.group(2)) for line in doc.splitlines() if (m := MAP_ENTRY.match(line))]
+    indent = min((i for i, _ in entries), default=0)
+    return sorted(name for i, name in entries if i == indent)
+
+
+@pytest.mark.parametrize("package", MAPPED)
+def test_each_package_docstring_maps_its_modules_on_disk(package):
+    assert docstring_map(LLMKIT / package) == on_disk(LLMKIT / package), f"llmkit/{package}/__init__.py's map and the files differ"
+
+
+@pytest.mark.parametrize("package", ("engine", "server", "server/dialects"))
+def test_the_readme_lists_the_modules_of_the_engine_and_the_server(package):
+    rooms = tree(readme_layout(), 2)
+    for part in package.split("/"):
+        rooms = rooms[part]
+    assert sorted(rooms) == on_disk(LLMKIT / package), f"README.md's Layout under {package}/ and the files differ"

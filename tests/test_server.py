@@ -182,6 +182,16 @@ def test_llama_server_fields(server):
     assert slots(server)[2]["n_cached"] >= r["usage"]["prompt_tokens"]  # it ran in slot 2
 
 
+def test_max_tokens_0_reads_the_prompt_into_the_slot_and_generates_nothing(server):
+    """As server-schema.cpp describes n_predict 0 (the pinned llama-server samples one token anyway: test_differential)."""
+    body = {"messages": [{"role": "user", "content": "Warm this prompt: " + "slots " * 30}], "id_slot": 1}
+    warm = post(server, "/v1/chat/completions", body | {"max_tokens": 0}).json()
+    assert (warm["choices"][0]["message"]["content"], warm["choices"][0]["finish_reason"]) == ("", "length")
+    assert warm["usage"]["completion_tokens"] == 0 and warm["timings"]["prompt_n"] > 30
+    again = post(server, "/v1/chat/completions", body | {"max_tokens": 1}).json()
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == warm["usage"]["prompt_tokens"] - 1  # it was read, and kept
+
+
 def test_cached_tokens_on_repeated_system_prompt(client):
     system = {"role": "system", "content": "You are a terse assistant for a course on LLM serving. " * 6}
     first = client.chat.completions.create(model=ALIAS, messages=[system, {"role": "user", "content": "Hi."}], max_tokens=2)
@@ -327,7 +337,7 @@ def test_access_log(server):
         ({"messages": HELLO, "temperature": "hot"}, "'temperature'"),
         ({"messages": HELLO, "top_p": 1.5}, "'top_p'"),
         (b'{"messages": [{"role": "user", "content": "Hi"}], "temperature": NaN}', "'temperature'"),
-        ({"messages": HELLO, "max_tokens": 0}, "'max_tokens'"),
+        ({"messages": HELLO, "max_tokens": -2}, "'max_tokens'"),
         ({"messages": HELLO, "n": 2}, "'n'"),
         ({"messages": HELLO, "stop": 7}, "'stop'"),
         ({"messages": HELLO, "stream": "yes"}, "'stream'"),

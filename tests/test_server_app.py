@@ -285,7 +285,7 @@ def test_anthropic_routes_answer_errors_in_anthropics_shape():
             ({"input": "Hi", "tools": [{"type": "web_search"}]}, "'tools.0': Value error, only function tools run on this server"),
             ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "text only"),
             ({"input": [{"type": "item_reference", "id": "x"}]}, "'input"),
-            ({"input": "Hi", "max_output_tokens": 0}, "'max_output_tokens'"),
+            ({"input": "Hi", "max_output_tokens": -2}, "'max_output_tokens'"),
         ):
             r = httpx.post(url + "/v1/responses", json=body, headers=key)
             assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
@@ -305,3 +305,58 @@ def test_an_engine_error_mid_stream_is_an_error_event_in_each_apis_shape():
         failed = json.loads(data.removeprefix("data: "))
         assert name == "event: response.failed" and failed["response"]["status"] == "failed"
         assert failed["response"]["error"] == {"code": "server_error", "message": "llama_decode failed"}
+
+
+# --- one dialect per router: its errors, converted requests in the client's words, options from every dialect -------
+
+HI_A_B = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]
+TWO_ASSISTANT_TURNS = {  # the conversation ends in two assistant turns, in each chat API's words: a 400 in each
+    "/v1/chat/completions": {"messages": HI_A_B},
+    "/v1/responses": {"input": [{"role": "user", "content": "Hi"}, {"type": "function_call", "call_id": "1", "name": "f",
+                                "arguments": "{}"}, {"role": "assistant", "content": "b"}]},  # the call's turn, then text
+    "/v1/messages": {"max_tokens": 8, "messages": HI_A_B},
+    "/v1/messages/count_tokens": {"messages": HI_A_B},
+}  # fmt: skip
+FIELD = {"/v1/chat/completions": "messages", "/v1/responses": "input", "/v1/messages": "messages", "/v1/messages/count_tokens": "messages"}
+
+
+@pytest.mark.parametrize("path", TWO_ASSISTANT_TURNS)
+def test_a_converted_request_that_fails_chats_rules_is_answered_in_the_clients_words_and_dialect(path):
+    """Responses and Messages bodies become a chat request, validated again: its failure names the client's field, in
+    the client's dialect, not pydantic's text about an internal class."""
+    with launch.serve_app(create_app(FakeEngine(), Settings(alias="fake"))) as url:
+        r = httpx.post(url + path, json=TWO_ASSISTANT_TURNS[path])
+    assert r.status_code == 400, r.text
+    body = r.json()
+    error = body["error"]
+    assert (body.get("type"), "code" in error) == (("error", False) if path.startswith("/v1/messages") else (None, True)), body
+    words = "Value error, Cannot have 2 or more assistant messages at the end of the list."
+    assert error["message"] == f"Invalid request: '{FIELD[path]}': {words}"
+
+
+def test_the_routers_dialect_decides_the_error_shape_before_routing_and_after():
+    app = create_app(FakeEngine(), Settings(alias="fake", api_key="k"))
+    with launch.serve_app(app) as url:
+        refused = {path: httpx.post(url + path, json={}) for path in ("/v1/messages/count_tokens", "/v1/responses", "/completion")}
+        key = {"x-api-key": "k"}
+        unknown = httpx.post(url + "/v1/messages/nothing", json={}, headers=key)  # no route: no dialect, llama-server's shape
+        too_long = httpx.post(url + "/v1/messages/count_tokens", json={"messages": [{"role": "user", "content": 1}]}, headers=key)
+    anthropic = {"type": "error", "error": {"type": "authentication_error", "message": "Invalid API Key"}}
+    assert refused["/v1/messages/count_tokens"].json() == anthropic
+    for path in ("/v1/responses", "/completion"):
+        assert refused[path].json() == {"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}}
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == 404
+    assert too_long.status_code == 400 and too_long.json()["type"] == "error"
+
+
+@pytest.mark.parametrize("path", GENERATION_ROUTES)
+def test_priority_and_the_tenant_reach_the_engine_from_every_dialect(path):
+    """priority is a body field in every dialect (Messages: an extra one, which Anthropic's SDK sends with extra_body)."""
+    seen = []
+    engine = FakeEngine(lambda r: (seen.append(r.params), ends(r, End.EOS)))
+    with launch.serve_app(create_app(engine, Settings(alias="fake"))) as url:
+        body = {**GENERATION_ROUTES[path], "priority": -3, "stream": True}
+        r = httpx.post(url + path, json=body, headers={"X-Tenant": "team-a"})
+    assert r.status_code == 200, r.text
+    (params,) = seen
+    assert (params.priority, params.tenant, params.stream) == (-3, "team-a", True)

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmkit.course import launch
 from llmkit.engine import Engine, EngineConfig
-from llmkit.engine.speculative import SpecParams
+from llmkit.engine.speculative import SpecParams, SpecType
 
 from helpers import assert_error
 
@@ -25,7 +25,7 @@ SOURCE = "".join(LINES[:30])
 COPY = SOURCE + "\n\n" + "".join(LINES[:8])
 
 
-@pytest.fixture(scope="module", params=["ngram-simple", "ngram-mod"])
+@pytest.fixture(scope="module", params=[SpecType.NGRAM_SIMPLE, SpecType.NGRAM_MOD], ids=lambda t: t.value)
 def engine(model, request):
     config = EngineConfig(n_parallel=2, n_ctx=4096, n_threads=1, speculative=SpecParams(request.param))
     with Engine(model, config) as e:
@@ -65,7 +65,7 @@ def test_a_constrained_answer_under_speculation_still_follows_its_grammar(engine
 def test_a_rejected_draft_leaves_no_trace_in_the_kv_cache(model, monkeypatch):
     # size_n 2: drafts at the least repeat, many rejected; after each step the slot holds exactly
     # the prompt and the tokens generated before the last (sampled, not yet decoded)
-    config = EngineConfig(n_parallel=1, n_ctx=1024, n_threads=1, speculative=SpecParams("ngram-simple", 2, 8))
+    config = EngineConfig(n_parallel=1, n_ctx=1024, n_threads=1, speculative=SpecParams(SpecType.NGRAM_SIMPLE, 2, 8))
     with Engine(model, config, start=False) as engine:
         slot, real, seen = engine.slots[0], engine.ctx.decode, []
 
@@ -86,7 +86,7 @@ def test_a_rejected_draft_leaves_no_trace_in_the_kv_cache(model, monkeypatch):
 
 
 def test_a_slow_start_drafts_short_first_then_twice_the_run_each_draft_kept(model):
-    config = EngineConfig(n_parallel=1, n_ctx=2048, n_threads=1, speculative=SpecParams("ngram-simple", slow_start=4))
+    config = EngineConfig(n_parallel=1, n_ctx=2048, n_threads=1, speculative=SpecParams(SpecType.NGRAM_SIMPLE, slow_start=4))
     with Engine(model, config) as engine:
         plain = engine.complete(COPY, max_tokens=64, temperature=0, n_draft_max=0)
         plain.result()

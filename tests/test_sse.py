@@ -1,4 +1,5 @@
-"""SSE framing and the JSON of completion answers (``llmkit.server.sse``), model-free: a hand-made request in, dicts out."""
+"""SSE framing (``llmkit.server.sse``) and each dialect's answers (``llmkit.server.dialects``), model-free: a hand-made
+request in, dicts out."""
 
 from __future__ import annotations
 
@@ -6,8 +7,14 @@ import json
 
 from llmkit.engine import End, Outcome, Piece, Request, RequestParams
 from llmkit.engine.request import TokenLogprob
-from llmkit.server.sse import DONE, Formatter, NativeFormatter, event, named_event
-from llmkit.server.tools import TextParser
+from llmkit.server.dialects.blocks import Blocks
+from llmkit.server.dialects.messages import MessagesFormatter
+from llmkit.server.dialects.native import NativeFormatter
+from llmkit.server.dialects.openai_chat import ChatFormatter
+from llmkit.server.dialects.openai_text import TextFormatter
+from llmkit.server.dialects.responses import ResponsesFormatter
+from llmkit.server.sse import DONE, event, named_event
+from llmkit.server.tools import CallParser, Delta, TextParser
 from llmkit.timings import Timings
 
 PIECES = {1: b"He", 2: b"llo", 3: b"\xe2\x82\xac"}  # token id -> bytes (3: the euro sign)
@@ -40,12 +47,12 @@ def test_an_event_is_compact_utf8_and_ends_with_a_blank_line():
 
 
 def test_a_chat_stream_opens_with_the_role_and_closes_with_the_reason_then_usage():
-    fmt = Formatter(True, "m", "fp", token_piece=PIECES.__getitem__)
+    fmt = ChatFormatter("m", "fp", token_piece=PIECES.__getitem__, include_usage=True)
     request = finished([1, 2])
     (opening,) = fmt.opening(request)
     pieces = [Piece("He", [1]), Piece("llo", [2])]
     (first,), (second,) = (fmt.chunk(request, p, text([p]).push(p.text)) for p in pieces)
-    reason, totals = fmt.closing(ended(request), text(pieces), include_usage=True)
+    reason, totals = fmt.closing(ended(request), text(pieces))
 
     assert opening["choices"][0]["delta"] == {"role": "assistant", "content": None}
     assert [c["choices"][0]["delta"] for c in (first, second)] == [{"content": "He"}, {"content": "llo"}]
@@ -59,12 +66,12 @@ def test_a_chat_stream_opens_with_the_role_and_closes_with_the_reason_then_usage
 
 
 def test_without_usage_the_timings_ride_on_the_reason_chunk():
-    (reason,) = Formatter(True, "m", "fp").closing(ended(finished([1], End.LIMIT)), TextParser(), include_usage=False)
+    (reason,) = ChatFormatter("m", "fp").closing(ended(finished([1], End.LIMIT)), TextParser())
     assert reason["choices"][0]["finish_reason"] == "length" and "timings" in reason and "usage" not in reason
 
 
 def test_a_whole_text_completion():
-    fmt = Formatter(False, "m", "fp")
+    fmt = TextFormatter("m", "fp")
     pieces = [Piece("He", [1]), Piece("llo", [2])]
     request = finished([1, 2])
     body = fmt.response(ended(request), pieces, text(pieces))
@@ -77,19 +84,19 @@ def test_logprobs_in_the_chat_shape_and_the_legacy_text_shape():
     items = [TokenLogprob(3, -0.5, [(3, -0.5), (1, -2.0)])]
     euro = {"id": 3, "token": "€", "bytes": [226, 130, 172], "logprob": -0.5}
     he = {"id": 1, "token": "He", "bytes": [72, 101], "logprob": -2.0}
-    chat = Formatter(True, "m", "fp", n_top=1, token_piece=PIECES.__getitem__).logprobs(items)
+    chat = ChatFormatter("m", "fp", n_top=1, token_piece=PIECES.__getitem__).logprobs(items)
     assert chat == {"content": [euro | {"top_logprobs": [euro]}]}
-    text = Formatter(False, "m", "fp", n_top=2, token_piece=PIECES.__getitem__).logprobs(items)
+    text = TextFormatter("m", "fp", n_top=2, token_piece=PIECES.__getitem__).logprobs(items)
     assert text["tokens"] == ["€"] and text["token_logprobs"] == [-0.5]
     assert text["top_logprobs"] == [{"€": -0.5, "He": -2.0}] and text["content"] == [euro | {"top_logprobs": [euro, he]}]
-    assert Formatter(True, "m", "fp").logprobs(items) is None  # not asked for
+    assert ChatFormatter("m", "fp").logprobs(items) is None  # not asked for
 
 
 def test_a_native_stream_counts_its_tokens_and_ends_without_done():
-    fmt = NativeFormatter("m", "<prompt>", stream=True)
+    fmt = NativeFormatter("m", "<prompt>", params=RequestParams(stream=True))
     request = finished([1, 2, 3])
     chunks = [c for p in (Piece("He", [1]), Piece("llo€", [2, 3])) for c in fmt.chunk(request, p, [])]
-    (last,) = fmt.closing(ended(request), TextParser(), include_usage=True)
+    (last,) = fmt.closing(ended(request), TextParser())
     assert [(c["content"], c["tokens"], c["tokens_predicted"], c["stop"]) for c in chunks] == [
         ("He", [1], 1, False), ("llo€", [2, 3], 3, False)]  # fmt: skip
     assert last["stop"] is True and last["content"] == "" and last["tokens"] == [] and last["tokens_predicted"] == 3
@@ -115,13 +122,10 @@ def stream_of(fmt, request: Request, texts: list[str], answer) -> list[dict]:
     events = fmt.opening(request)
     for t in texts:
         events += fmt.chunk(request, Piece(t, [1]), answer.push(t))
-    return events + fmt.chunk(request, Piece("", []), answer.finish()) + fmt.closing(ended(request), answer, False)
+    return events + fmt.chunk(request, Piece("", []), answer.finish()) + fmt.closing(ended(request), answer)
 
 
 def test_a_responses_stream_opens_items_and_parts_in_openais_order():
-    from llmkit.server.responses import ResponsesFormatter
-    from llmkit.server.tools import CallParser
-
     fmt, request = ResponsesFormatter("m", {"tools": []}), finished([1, 2, 3])
     events = stream_of(fmt, request, ["Hi", " there", CALL[:20], CALL[20:]], CallParser())
     kinds = [e["type"].removeprefix("response.") for e in events]
@@ -151,9 +155,6 @@ def test_a_responses_stream_opens_items_and_parts_in_openais_order():
 
 
 def test_a_messages_stream_numbers_its_blocks_and_ends_with_the_stop_reason():
-    from llmkit.server.messages import MessagesFormatter
-    from llmkit.server.tools import CallParser
-
     fmt, request = MessagesFormatter("m"), finished([1, 2, 3])
     events = stream_of(fmt, request, ["Hi", CALL], CallParser())
     assert [e["type"] for e in events] == [
@@ -173,3 +174,31 @@ def test_a_messages_stream_numbers_its_blocks_and_ends_with_the_stop_reason():
     body = MessagesFormatter("m").response(ended(request), [], text([Piece("Hi", [1])]))
     assert body["content"] == [{"type": "text", "text": "Hi"}] and (body["stop_reason"], body["stop_sequence"]) == ("stop_sequence", "END")
     assert named_event({"type": "ping"}) == 'event: ping\ndata: {"type":"ping"}\n\n'
+
+
+class Written:
+    """A dialect's block events, as names: what ``Blocks`` asked for, in order."""
+
+    def started(self, index: int, delta: Delta) -> list[dict]:
+        return [{"start": index, "kind": "text" if delta.index < 0 else delta.name}]
+
+    def wrote(self, index: int, delta: Delta) -> list[dict]:
+        return [{"write": index, "text": delta.content or delta.arguments}]
+
+    def stopped(self, index: int, written: str, status: str) -> list[dict]:
+        return [{"stop": index, "written": written, "status": status}]
+
+
+def test_blocks_open_one_typed_block_at_a_time_and_close_it_when_the_kind_changes():
+    blocks = Blocks(Written())
+    events = blocks.push([Delta("Hi"), Delta(" there")])
+    events += blocks.push([Delta(index=0, id="a", name="f"), Delta(index=0, arguments='{"x"'), Delta(index=0, arguments=": 1}")])
+    events += blocks.push([Delta(index=1, id="b", name="g")])  # the next call: a block of its own, though of the same kind
+    events += blocks.close("incomplete") + blocks.close("incomplete")  # a second close: nothing open
+    assert events == [
+        {"start": 0, "kind": "text"}, {"write": 0, "text": "Hi"}, {"write": 0, "text": " there"},
+        {"stop": 0, "written": "Hi there", "status": "completed"},
+        {"start": 1, "kind": "f"}, {"write": 1, "text": '{"x"'}, {"write": 1, "text": ": 1}"},
+        {"stop": 1, "written": '{"x": 1}', "status": "completed"},
+        {"start": 2, "kind": "g"}, {"stop": 2, "written": "", "status": "incomplete"},
+    ]  # fmt: skip

@@ -28,7 +28,8 @@ from pydantic import BaseModel, Field
 from llmkit import grammar
 from llmkit.course import launch
 from llmkit.llama import Batch, Context, Grammar, GrammarSampler, Sampler, SamplingParams
-from llmkit.server.protocol import ChatCompletionRequest, constraint_of
+from llmkit.server.dialects.openai_chat import ChatCompletionRequest
+from llmkit.server.protocol import constraint_of
 
 MAX_TOKENS = 256
 SEEDS = (1, 2)  # sampled runs at temperature 0.8, besides the greedy one
@@ -342,7 +343,7 @@ def test_constrained_and_unconstrained_requests_share_a_batch(server):
         futures = [pool.submit(chat, server, free), pool.submit(chat, server, bound)]
         while not all(f.done() for f in futures):
             state = httpx.get(f"{server.url}/slots", timeout=10).json()
-            busy = {s["params"]["has_grammar"] for s in state if s["is_processing"] and s.get("status") == "generating"}
+            busy = {s["params"]["grammar"] != "" for s in state if s["is_processing"] and s.get("status") == "generating"}
             if busy == {True, False}:
                 seen.add("both")
             time.sleep(0.05)

@@ -18,6 +18,7 @@ import pytest
 
 from llmkit.course import launch, upstream
 from llmkit.course.upstream import build, cpp, mapping, source
+from llmkit.engine.request import TO_JSON
 
 LLMKIT = Path(upstream.__file__).resolve().parents[2]  # llmkit/
 
@@ -206,6 +207,14 @@ def test_a_missing_symbol_on_either_side_is_caught():
     with pytest.raises(LookupError):
         mapping.resolve("llmkit.server.app.create_app.no_such_route")
     assert not upstream.find_all("server_context_impl::no_such_method")
+
+
+def test_a_requests_settings_are_written_in_task_params_to_json_order():
+    """RequestParams.to_dict, the one serializer of /props, /slots and generation_settings, writes llama-server's keys in
+    the order of task_params::to_json (its full branch, after the metrics-only one)."""
+    full = upstream.find("task_params::to_json").text.split("auto grammar_triggers", 1)[1]
+    keys = re.findall(r'\{"([\w.]+)",', full)
+    assert len(keys) > 40 and [k for k in keys if k in TO_JSON] == list(TO_JSON)
 
 
 def references(path: Path) -> list[str]:

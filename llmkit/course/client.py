@@ -165,11 +165,18 @@ def stream(url: str, body: dict, piece_of: PieceOf, *, headers: dict | None = No
 
 
 async def astream(
-    client: httpx.AsyncClient, url: str, body: dict, piece_of: PieceOf, *, on_piece: OnPiece | None = None, first_only: bool = False
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict,
+    piece_of: PieceOf,
+    *,
+    headers: dict | None = None,
+    on_piece: OnPiece | None = None,
+    first_only: bool = False,
 ) -> StreamResult:
     """``stream`` in asyncio, on the caller's client (its limits and timeouts); ``first_only``: stop at the first piece."""
     reader = _Reader(piece_of, on_piece, first_only)
-    async with client.stream("POST", url, json=body) as response:
+    async with client.stream("POST", url, json=body, headers=headers) as response:
         reader.result.status = response.status_code
         if response.status_code != 200:
             await response.aread()

@@ -51,6 +51,20 @@ def wait_healthy(url: str, timeout: float, alive=lambda: True) -> None:
     raise TimeoutError(f"{url}/health did not answer 200 within {timeout:.0f} s")
 
 
+class PortInUse(RuntimeError):
+    """A port asked for is already bound by another process."""
+
+
+def check_free(port: int) -> None:
+    """Raise ``PortInUse`` if something listens on ``port`` (a socket in TIME_WAIT does not count, as for the servers)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+        except OSError as exc:
+            raise PortInUse(f"port {port} on {HOST} is taken ({exc.strerror}): stop what listens there, or choose another port") from None
+
+
 @dataclass
 class ServerProcess:
     """A server running as a child process. ``log()`` returns what it printed."""
@@ -59,7 +73,9 @@ class ServerProcess:
     url: str
     process: subprocess.Popen
     log_path: Path
-    args: list[str] = field(default_factory=list)
+    args: list[str] = field(default_factory=list)  # the flags it was given
+    argv: list[str] = field(default_factory=list)  # its whole command line (``restart`` runs it again)
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def port(self) -> int:
@@ -82,6 +98,29 @@ class ServerProcess:
                 self.process.wait()
         return self.process.returncode
 
+    def kill(self) -> int:
+        """SIGKILL: the process dies at once, mid-request (a crash, not a shutdown)."""
+        if self.running():
+            self.process.kill()
+        return self.process.wait()
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        """Wait until ``/health`` answers 200; if it does not (or on Ctrl-C), stop the process and raise with its log."""
+        try:
+            wait_healthy(self.url, timeout, self.running)
+        except BaseException as exc:  # noqa: BLE001 -- stop the process whatever went wrong (Ctrl-C too), then report
+            self.stop()
+            tail = self.log()[-3000:]
+            raise RuntimeError(f"{self.kind} server failed to start: {exc}\n--- its log ({self.log_path}) ---\n{tail}") from None
+
+    def restart(self, timeout: float = 120) -> None:
+        """Run the same command line again (same port, same log, appended), once it has stopped; wait until healthy."""
+        if self.running():
+            raise RuntimeError(f"{self.kind} on {self.url} is still running: stop() or kill() it first")
+        check_free(self.port)
+        self.process = popen(self.argv, self.log_path, self.env, append=True)
+        self.wait_ready(timeout)
+
 
 def command(kind: str, port: int, flags: tuple[str, ...]) -> list[str]:
     """The command line of a server: ``llmkit serve KIND`` or the real llama-server (built if needed)."""
@@ -91,22 +130,32 @@ def command(kind: str, port: int, flags: tuple[str, ...]) -> list[str]:
 
         model = [] if {"-m", "--model"} & set(flags) else ["-m", str(models.resolve_model())]
         return [str(upstream.server_binary()), *model, "--host", HOST, "--port", str(port), *flags]
+    if kind == "vllm-router":  # the fleet's router (the lab extra's vllm-router), on the same interpreter
+        return [sys.executable, "-m", "vllm_router.launch_router", "--host", HOST, "--port", str(port), *flags]
     return [sys.executable, "-m", "llmkit", "serve", kind, "--host", HOST, "--port", str(port), *flags]
 
 
-def start(kind: str, *flags: str, port: int | None = None, timeout: float = 120, env: dict | None = None) -> ServerProcess:
-    """Start a server (``"sequential"``, ``"slots"`` or ``"llama-server"``), wait until it is healthy. ``stop()`` after."""
+def popen(argv: list[str], log_path: Path, env: dict[str, str], *, append: bool = False) -> subprocess.Popen:
+    """Run ``argv`` in a session of its own (Ctrl-C in a terminal reaches only us), its output to ``log_path``."""
+    with open(log_path, "ab" if append else "wb") as log:
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True)
+
+
+def spawn(kind: str, *flags: str, port: int | None = None, env: dict | None = None, name: str | None = None) -> ServerProcess:
+    """Start a server without waiting for it (``wait_ready()`` next): several can load at once."""
+    if port is not None:
+        check_free(port)
     port = port or free_port()
-    args = command(kind, port, flags)
-    log_path = Path(tempfile.mkstemp(prefix=f"llmkit-{kind}-", suffix=".log")[1])
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True)
-    server = ServerProcess(kind, f"http://{HOST}:{port}", process, log_path, list(flags))
-    try:
-        wait_healthy(server.url, timeout, server.running)
-    except BaseException as exc:  # noqa: BLE001 -- stop the process whatever went wrong (Ctrl-C too), then report
-        server.stop()
-        raise RuntimeError(f"{kind} server failed to start: {exc}\n--- its log ---\n{server.log()[-3000:]}") from None
+    argv = command(kind, port, flags)
+    log_path = Path(tempfile.mkstemp(prefix=f"llmkit-{name or kind}-", suffix=".log")[1])
+    process = popen(argv, log_path, env or {})
+    return ServerProcess(kind, f"http://{HOST}:{port}", process, log_path, list(flags), argv, dict(env or {}))
+
+
+def start(kind: str, *flags: str, port: int | None = None, timeout: float = 120, env: dict | None = None) -> ServerProcess:
+    """Start a server (``"sequential"``, ``"slots"``, ``"llama-server"``, ``"vllm-router"``), wait until it is healthy. ``stop()`` after."""
+    server = spawn(kind, *flags, port=port, env=env)
+    server.wait_ready(timeout)
     return server
 
 

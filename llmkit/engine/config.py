@@ -58,8 +58,10 @@ class EngineConfig:
     policy: Policy = field(default_factory=LlamaServerPolicy)  # llmkit's --scheduling-policy: llama-server's rules by default
 
     def to_dict(self) -> dict:
-        """Every setting, as ``/props`` reports it (the policy by its name)."""
-        return asdict(replace(self, policy=LlamaServerPolicy())) | {"policy": self.policy.name}
+        """Every setting, as ``/props`` reports it (the policy and the speculation mode by their names)."""
+        settings = asdict(replace(self, policy=LlamaServerPolicy())) | {"policy": self.policy.name}
+        settings["speculative"]["type"] = self.speculative.type.value
+        return settings
 
     def resolved(self) -> EngineConfig:
         """Checked (``ValueError`` says what is wrong), with the automatic settings made concrete."""

@@ -51,7 +51,7 @@ from llmkit.engine.prompt_cache import PromptCache
 from llmkit.engine.request import ContextSizeError, End, EngineError, Outcome, Request, RequestParams, TokenLogprob
 from llmkit.engine.scheduler import Admission, Chunk, Running, admission, build_batch, swaps_prompt
 from llmkit.engine.slot import Slot
-from llmkit.engine.speculative import make_drafter
+from llmkit.engine.speculative import SpecType, make_drafter
 from llmkit.engine.status import Counters, EngineStatus, Share, SlotStatus, StepRecord, Waiting
 from llmkit.llama import Batch, Context, DecodeError, KVCacheFullError, Model
 from llmkit.timings import Timings
@@ -85,9 +85,9 @@ class Engine:
         self.config = replace(
             config, cache_reuse=config.cache_reuse * self.ctx.can_shift, context_shift=config.context_shift and self.ctx.can_shift
         )
-        if config.speculative.type != "none" and not self.ctx.can_shift:
+        if config.speculative.type is not SpecType.NONE and not self.ctx.can_shift:
             log.warning("speculative decoding is off: this model's memory cannot drop a rejected draft")
-            self.config = replace(self.config, speculative=replace(config.speculative, type="none"))
+            self.config = replace(self.config, speculative=replace(config.speculative, type=SpecType.NONE))
         self.drafter = make_drafter(self.config.speculative)  # None: no speculation (--spec-type none)
         self.policy = self.config.policy  # who goes first, which slot, who makes room (llama-server's rules by default)
         self.prompt_cache = PromptCache(config.cache_ram_mib, self.ctx.n_ctx) if config.cache_ram_mib != 0 else None
@@ -452,7 +452,7 @@ class Engine:
 
     def process_token(self, slot: Slot, job: Job, token: int, logprobs: TokenLogprob | None) -> None:
         """Check a sampled token, then deliver it or finish the request (llama-server: process_token)."""
-        if job.request.params.max_tokens == 0:  # prompt only (llama-server's n_predict = 0)
+        if job.request.params.max_tokens == 0:  # the prompt only, nothing generated (server-schema.cpp's n_predict: 0)
             self.finish(slot, job, End.LIMIT)
         elif self.model.is_eog(token):
             self.finish(slot, job, End.EOS)

@@ -30,7 +30,7 @@ from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from llmkit.llama import SamplingParams
+from llmkit.llama import LLAMA_DEFAULT_SEED, Grammar, SamplingParams
 from llmkit.timings import Timings
 
 _ids = itertools.count(1)
@@ -73,6 +73,11 @@ class Outcome:
         return len(self.output)
 
 
+# llama-server's task_params::to_json (server-task.cpp), the keys llmkit has, in its order
+TO_JSON = ("seed", "temperature", "top_k", "top_p", "min_p", "repeat_last_n", "repeat_penalty", "presence_penalty",
+           "frequency_penalty", "stop", "max_tokens", "n_predict", "n_keep", "ignore_eos", "stream", "n_probs", "grammar")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class RequestParams:
     """What a request asks of the engine, beside its prompt (~ llama-server's ``task_params``, sampling nested).
@@ -88,6 +93,7 @@ class RequestParams:
     n_keep: int = 0  # prompt tokens a context shift keeps (-1: the whole prompt)
     n_cache_reuse: int | None = None  # move cached chunks of at least this many tokens into place (None: the engine's)
     n_draft_max: int | None = None  # speculation: at most this many draft tokens a step (None: the engine's; 0: none)
+    stream: bool = False  # the client reads the answer as it comes (the engine streams every request alike: shown in /slots)
     priority: int = 0  # llmkit's (vLLM's field): lower goes first under the priority policy, and may preempt
     tenant: str = ""  # llmkit's: who the request is for (the fair-share policy shares the slots among tenants)
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -102,10 +108,19 @@ class RequestParams:
         return cls(**mine, sampling=SamplingParams(**{k: v for k, v in options.items() if k not in own}))
 
     def to_dict(self) -> dict:
-        """One flat dict, as llama-server's ``task_params::to_json`` (the grammar only as whether there is one)."""
-        sampling = {f.name: getattr(self.sampling, f.name) for f in fields(self.sampling) if f.name != "grammar"}
-        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "sampling"}
-        return own | {"stop": list(self.stop)} | sampling | {"has_grammar": self.sampling.grammar is not None}
+        """Every field, flat and in JSON's types, as llama-server's ``task_params::to_json``: its names in its order
+        (``TO_JSON``), then llmkit's own in the dataclasses' order. The one serializer of a request's settings:
+        ``/props``' defaults, ``/slots``, the native answer's ``generation_settings``."""
+        s = self.sampling
+        flat = {f.name: getattr(s, f.name) for f in fields(s)} | {f.name: getattr(self, f.name) for f in fields(self)}
+        flat |= {  # JSON's types, llama-server's values
+            "seed": LLAMA_DEFAULT_SEED if s.seed is None else s.seed,
+            "stop": list(self.stop),
+            "n_predict": self.max_tokens,  # twice, as there
+            "grammar": s.grammar.text if isinstance(s.grammar, Grammar) else s.grammar or "",
+        }
+        del flat["sampling"]
+        return {name: flat.pop(name) for name in TO_JSON} | flat
 
 
 class EngineError(RuntimeError):

@@ -22,13 +22,20 @@ of one, so where two tokens are nearly tied, a greedy answer can change (chapter
 
 from __future__ import annotations
 
+import enum
 from array import array
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-SPEC_TYPES = ("none", "ngram-simple", "ngram-mod")
+
+class SpecType(enum.Enum):
+    """A speculation mode, by its ``--spec-type`` name (llama-server: ``common_speculative_type``, the draft-free ones)."""
+
+    NONE = "none"
+    NGRAM_SIMPLE = "ngram-simple"
+    NGRAM_MOD = "ngram-mod"
 
 
 @dataclass(frozen=True)
@@ -36,7 +43,7 @@ class SpecParams:
     """The server's speculation settings (~ llama-server's ``common_params_speculative``, the draft-free part),
     each named after its flag, with its default."""
 
-    type: str = "none"  # --spec-type: none | ngram-simple | ngram-mod
+    type: SpecType = SpecType.NONE  # --spec-type
     ngram_simple_size_n: int = 12  # --spec-ngram-simple-size-n: tokens that must match
     ngram_simple_size_m: int = 48  # --spec-ngram-simple-size-m: tokens drafted at most
     ngram_mod_n_match: int = 24  # --spec-ngram-mod-n-match: tokens hashed to find the next one
@@ -45,8 +52,8 @@ class SpecParams:
     slow_start: int = 0  # --spec-slow-start (llmkit's own): see next_window; 0: every draft as long as the mode drafts
 
     def checked(self) -> SpecParams:
-        if self.type not in SPEC_TYPES:
-            raise ValueError(f"spec_type must be one of {', '.join(SPEC_TYPES)}, not {self.type!r}")
+        if not isinstance(self.type, SpecType):
+            raise ValueError(f"spec_type must be a SpecType ({', '.join(t.value for t in SpecType)}), not {self.type!r}")
         if min(self.ngram_simple_size_n, self.ngram_simple_size_m, self.ngram_mod_n_match, self.ngram_mod_n_max) < 1:
             raise ValueError("the n-gram sizes and draft lengths must be at least 1")
         if self.slow_start < 0:
@@ -56,7 +63,7 @@ class SpecParams:
     @property
     def n_max(self) -> int:
         """The longest draft this mode proposes (0: no speculation)."""
-        return {"none": 0, "ngram-simple": self.ngram_simple_size_m, "ngram-mod": self.ngram_mod_n_max}[self.type]
+        return {SpecType.NONE: 0, SpecType.NGRAM_SIMPLE: self.ngram_simple_size_m, SpecType.NGRAM_MOD: self.ngram_mod_n_max}[self.type]
 
     @property
     def first_window(self) -> int:
@@ -92,9 +99,9 @@ class Drafter(Protocol):
 
 def make_drafter(params: SpecParams) -> Drafter | None:
     """The drafter of ``--spec-type`` (None: no speculation)."""
-    if params.type == "ngram-simple":
+    if params.type is SpecType.NGRAM_SIMPLE:
         return NgramSimple(params.ngram_simple_size_n, params.ngram_simple_size_m)
-    if params.type == "ngram-mod":
+    if params.type is SpecType.NGRAM_MOD:
         return NgramMod(params.ngram_mod_n_match, params.ngram_mod_n_min, params.ngram_mod_n_max)
     return None
 

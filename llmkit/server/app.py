@@ -1,14 +1,13 @@
 """The slot server's app: its state, middlewares, error handlers and routes, wired together
 (~ llama-server's route table in server.cpp and init_routes in server-context.cpp).
 
-The routes live by role (llama-server's paths: without ``/v1``,
-``/completions`` and ``/embeddings`` are its own dialect, not OpenAI's):
+The routes live by role (llama-server's paths: without ``/v1``, ``/completions`` and
+``/embeddings`` are its own dialect, not OpenAI's):
 
-    generation   POST /v1/chat/completions, /v1/completions, /completion ...   (chat, text, native)
-    responses    POST /v1/responses, /v1/responses/input_tokens                 (OpenAI Responses)
-    messages     POST /v1/messages, /v1/messages/count_tokens                   (Anthropic Messages)
+    dialects     POST /v1/chat/completions, /v1/completions, /completion, /v1/responses, /v1/messages ...
     embeddings   POST /v1/embeddings, /embedding, /embeddings
     info         GET /health, /v1/models, /props, /slots, /metrics; POST /tokenize, /detokenize, /apply-template
+    worker       POST /v1/chat/completions/render, /v1/responses/render                   (what a router asks first)
 """
 
 from __future__ import annotations
@@ -19,7 +18,8 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
 
-from llmkit.server import embeddings, errors, generation, info, messages, responses
+from llmkit.server import embeddings, errors, info, worker
+from llmkit.server.dialects import ROUTERS
 from llmkit.server.middleware import AccessLog, Gate
 from llmkit.server.state import ServerState, ServingEngine, Settings
 
@@ -50,8 +50,11 @@ def create_app(engine: ServingEngine | Callable[[], ServingEngine], settings: Se
     if not callable(engine):
         state.ready(engine)
     errors.install(app)
-    app.add_middleware(Gate, not_ready=state.not_ready, api_key=state.settings.api_key, max_body_size=state.settings.max_body_size)
+    routers = (info.router, embeddings.router, *ROUTERS, worker.router)
+    settings = state.settings
+    routes = [route for router in routers for route in router.routes]  # the gate answers in the dialect of the route asked
+    app.add_middleware(Gate, not_ready=state.not_ready, api_key=settings.api_key, max_body_size=settings.max_body_size, routes=routes)
     app.add_middleware(AccessLog)  # added last: outermost, so it logs the gate's answers too
-    for routes in (info.router, embeddings.router, generation.router, responses.router, messages.router):
-        app.include_router(routes)
+    for router in routers:
+        app.include_router(router)
     return app

@@ -15,18 +15,47 @@ from __future__ import annotations
 
 import base64
 import threading
+from typing import Annotated, Literal
 
 import numpy as np
 from fastapi import APIRouter, Request
+from pydantic import Field, model_validator
 from starlette.concurrency import run_in_threadpool
 
 from llmkit.engine import ContextSizeError
 from llmkit.llama import Batch, Context, Model
 from llmkit.server.errors import off_loop
-from llmkit.server.protocol import EmbeddingRequest, NativeEmbeddingRequest
+from llmkit.server.middleware import log_usage
+from llmkit.server.protocol import ApiModel
 from llmkit.server.state import State
 
 router = APIRouter()
+
+
+class EmbeddingRequest(ApiModel):
+    input: str | Annotated[list[str], Field(min_length=1)]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+
+    @property
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else self.input
+
+
+class NativeEmbeddingRequest(EmbeddingRequest):
+    """llama-server's own ``/embedding``: the text in ``input`` or ``content``."""
+
+    input: str | Annotated[list[str], Field(min_length=1)] | None = None  # type: ignore[assignment]  # or in content
+    content: str | Annotated[list[str], Field(min_length=1)] | None = None
+
+    @model_validator(mode="after")
+    def _input_or_content(self) -> NativeEmbeddingRequest:
+        if self.input is None:
+            if self.content is None:
+                raise ValueError('"input" or "content" must be provided')
+            self.input = self.content
+        return self
+
 
 N_CTX = 512  # the longest input; also llama.cpp's n_ubatch here, which a pooled sequence must fit
 
@@ -75,19 +104,20 @@ class Embedder:
                 self._ctx = self._batch = None
 
 
-async def embed(body: EmbeddingRequest, http_request: Request, state: State) -> np.ndarray:
+async def embed(body: EmbeddingRequest, http_request: Request, state: State) -> tuple[np.ndarray, int]:
+    """The inputs' vectors, and how many tokens they were."""
     embedder = state.embedder
     assert embedder is not None, "set with the engine"
     prompts = await off_loop(embedder.tokenize, body.texts)
     vectors = await run_in_threadpool(embedder.embed, prompts)
-    http_request.state.n_prompt_tokens = sum(map(len, prompts))  # for the access log
-    return vectors
+    n_tokens = sum(map(len, prompts))
+    log_usage(http_request, n_tokens, 0, 0)
+    return vectors, n_tokens
 
 
 @router.post("/v1/embeddings")
 async def embeddings(body: EmbeddingRequest, http_request: Request, state: State) -> dict:
-    vectors = await embed(body, http_request, state)
-    n_tokens = http_request.state.n_prompt_tokens
+    vectors, n_tokens = await embed(body, http_request, state)
     return {
         "object": "list",
         "model": state.model_name,
@@ -100,7 +130,7 @@ async def embeddings(body: EmbeddingRequest, http_request: Request, state: State
 @router.post("/embeddings")
 async def embeddings_native(body: NativeEmbeddingRequest, http_request: Request, state: State) -> list[dict]:
     """llama-server's own shape (handle_embeddings_impl, non-OAI): one vector per input, in a list of one."""
-    vectors = await embed(body, http_request, state)
+    vectors, _ = await embed(body, http_request, state)
     return [{"index": i, "embedding": [v.tolist()]} for i, v in enumerate(vectors)]
 
 

@@ -1,28 +1,38 @@
-"""Every error the slot server answers, in one shape (~ llama-server's format_error_response, server-common.cpp).
+"""Every error the slot server answers, in the shape of the API that was asked (~ llama-server's format_error_response,
+server-common.cpp).
 
-    {"error": {"code": 400, "message": "...", "type": "invalid_request_error"}}
-    {"type": "error", "error": {"type": "invalid_request_error", "message": "..."}}     (Anthropic's routes)
+    {"error": {"code": 400, "message": "...", "type": "invalid_request_error"}}           llama-server's (OpenAI's)
+    {"type": "error", "error": {"type": "invalid_request_error", "message": "..."}}       Anthropic's
+
+Which shape is decided once, by the router: each dialect's ``APIRouter`` declares its ``Dialect``
+(``APIRouter(dependencies=[Depends(ANTHROPIC)])``), every route it holds carries it, and ``dialect_of``
+reads it off the route that serves a request (``LLAMA_SERVER`` where no route does). The handlers
+installed here, the gate before the routes (``middleware.Gate``) and a stream's error event after the
+200 (each dialect's ``WireFormat.error``) all write ``dialect.body(exc)``.
 
 Routes raise ``ApiError``; FastAPI's own exceptions (bad JSON, wrong field
-types, unknown routes) and anything unexpected are turned into the same
-shape by the handlers installed here, so no response is ever a traceback or
-an HTML page. ``off_loop`` runs a route's blocking work on the input
-(tokenizing, templating, grammar checks) in a worker thread and turns the
-input's faults into 400s.
+types, unknown routes), the engine's (``ContextSizeError``, ``EngineError``) and
+anything unexpected are turned into the same shape by the handlers, so no
+response is ever a traceback or an HTML page. ``off_loop`` runs a route's
+blocking work on the input (tokenizing, templating, grammar checks) in a
+worker thread and turns the input's faults into 400s.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from jinja2 import TemplateError
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match
+from starlette.types import Scope
 
 from llmkit.engine import ContextSizeError, EngineError
 
@@ -50,12 +60,6 @@ ANTHROPIC_TYPES = {
     429: "rate_limit_error",
     503: "overloaded_error",
 }
-ANTHROPIC_PATHS = ("/v1/messages",)  # and what is under it (/v1/messages/count_tokens)
-
-
-def speaks_anthropic(path: str) -> bool:
-    """Is ``path`` an Anthropic route, whose errors come in Anthropic's shape?"""
-    return path.startswith(ANTHROPIC_PATHS)
 
 
 class ApiError(Exception):
@@ -67,20 +71,39 @@ class ApiError(Exception):
         self.type = type or TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
         self.extra = extra
 
-    @classmethod
-    def context_size(cls, exc: ContextSizeError) -> ApiError:
-        return cls(400, str(exc), "exceed_context_size_error", n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx)
+    def response(self, dialect: Dialect) -> JSONResponse:
+        """The answer, in ``dialect``'s shape."""
+        return JSONResponse(dialect.body(self), status_code=self.status)
 
-    def body(self) -> dict:
-        return {"error": {"code": self.status, "message": str(self), "type": self.type, **self.extra}}
 
-    def anthropic_body(self) -> dict:
-        kind = ANTHROPIC_TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "api_error")
-        return {"type": "error", "error": {"type": kind, "message": str(self)}}
+class Dialect:
+    """Which API a route speaks, as far as its errors go: llama-server's (OpenAI's) shape, or ``Anthropic``'s.
 
-    def response(self, path: str = "") -> JSONResponse:
-        """The answer, in the shape of the API that ``path`` belongs to."""
-        return JSONResponse(self.anthropic_body() if speaks_anthropic(path) else self.body(), status_code=self.status)
+    An instance is a FastAPI dependency that returns itself: a router declares its dialect with
+    ``APIRouter(dependencies=[Depends(dialect)])``, and each of its routes carries it (``dialect_of``)."""
+
+    def __call__(self) -> Dialect:
+        return self
+
+    def body(self, exc: ApiError) -> dict:
+        return {"error": {"code": exc.status, "message": str(exc), "type": exc.type, **exc.extra}}
+
+
+class Anthropic(Dialect):
+    def body(self, exc: ApiError) -> dict:
+        kind = ANTHROPIC_TYPES.get(exc.status, "invalid_request_error" if exc.status < 500 else "api_error")
+        return {"type": "error", "error": {"type": kind, "message": str(exc)}}
+
+
+LLAMA_SERVER, ANTHROPIC = Dialect(), Anthropic()
+
+
+def dialect_of(scope: Scope, routes: Iterable[BaseRoute] = ()) -> Dialect:
+    """The dialect a request's route declares: the route that served it (``scope["route"]``), else the one of
+    ``routes`` that matches it (before routing: ``middleware.Gate``); ``LLAMA_SERVER`` for a path no route serves."""
+    route = scope.get("route") or next((r for r in routes if r.matches(scope)[0] is Match.FULL), None)
+    declared = (d.dependency for d in getattr(route, "dependencies", ()))
+    return next((d for d in declared if isinstance(d, Dialect)), LLAMA_SERVER)
 
 
 def describe_validation_errors(errors: list[dict]) -> str:
@@ -112,12 +135,20 @@ def describe_validation_errors(errors: list[dict]) -> str:
     return "Invalid request: " + "; ".join(parts)
 
 
+def invalid(exc: ValidationError, names: Mapping[str, str]) -> ApiError:
+    """A converted request that fails its own model's checks (a Responses or Messages body as a chat request), as the
+    client's 400: each error under the client's field, ``names`` mapping the converted request's top-level fields to
+    the client's where they differ (deeper places are the converted request's, not the client's: left out)."""
+    errors = [{**e, "loc": (names.get(str(e["loc"][0]), str(e["loc"][0])),) if e["loc"] else ()} for e in exc.errors()]
+    return ApiError(400, describe_validation_errors(errors))
+
+
 async def off_loop(fn: Callable, *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` in a worker thread; bad input becomes a 400."""
+    """``fn(*args, **kwargs)`` in a worker thread; bad input becomes a 400 (a ``ContextSizeError`` passes: its handler)."""
     try:
         return await run_in_threadpool(fn, *args, **kwargs)
-    except ContextSizeError as exc:
-        raise ApiError.context_size(exc) from None
+    except ContextSizeError:
+        raise
     except UnicodeEncodeError:
         raise ApiError(400, "the text is not valid Unicode (it holds a lone surrogate)") from None
     except (ValueError, TemplateError) as exc:
@@ -125,29 +156,36 @@ async def off_loop(fn: Callable, *args: Any, **kwargs: Any) -> Any:
 
 
 def install(app: FastAPI) -> None:
-    """Register the handlers that give every failure the error shape."""
+    """Register the handlers that give every failure the error shape of the route's dialect."""
+
+    def answer(request: Request, exc: ApiError) -> JSONResponse:
+        return exc.response(dialect_of(request.scope))
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return exc.response(request.url.path)
+        return answer(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI answers 422; OpenAI and llama-server answer 400 (and llama-server 500 for bad JSON).
-        return ApiError(400, describe_validation_errors(list(exc.errors()))).response(request.url.path)
+        return answer(request, ApiError(400, describe_validation_errors(list(exc.errors()))))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = "File Not Found" if exc.status_code == 404 else str(exc.detail)  # llama-server's 404 text
-        return ApiError(exc.status_code, message).response(request.url.path)
+        return answer(request, ApiError(exc.status_code, message))
+
+    @app.exception_handler(ContextSizeError)  # the prompt does not fit (engine.submit, or the embedder's own context)
+    async def context_size(request: Request, exc: ContextSizeError) -> JSONResponse:
+        return answer(request, ApiError(400, str(exc), "exceed_context_size_error", n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx))
 
     @app.exception_handler(EngineError)
     async def engine_error(request: Request, exc: EngineError) -> JSONResponse:
-        return ApiError(500, str(exc)).response(request.url.path)
+        return answer(request, ApiError(500, str(exc)))
 
     @app.exception_handler(Exception)
     async def crash(request: Request, exc: Exception) -> JSONResponse:
         # Starlette's outermost middleware calls this, sends our JSON, then re-raises
         # so that uvicorn logs the traceback; the server keeps serving.
         log.error("%s %s failed: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
-        return ApiError(500, f"Internal server error: {type(exc).__name__}: {exc}").response(request.url.path)
+        return answer(request, ApiError(500, f"Internal server error: {type(exc).__name__}: {exc}"))

@@ -1,14 +1,12 @@
-"""The generation routes: chat, text and native completions (~ llama-server's post_chat_completions,
-post_completions and handle_completions_impl in server-context.cpp), and ``generate``, which the
-Responses and Messages routes (``responses``, ``messages``) share.
+"""The one request path of every generation dialect (~ llama-server's handle_completions_impl in
+server-context.cpp): ``generate`` submits a prompt to the engine, reads the text as content and tool calls
+(``tools``), then answers whole or streams, in the dialect's ``sse.WireFormat``. ``chat`` is the chat
+dialects' way in (OpenAI chat, and Responses and Messages once converted): the chat template renders the
+prompt, tools included.
 
-    POST /v1/chat/completions, /chat/completions    OpenAI chat, whole or streamed (SSE), tools included
-    POST /v1/completions                            OpenAI text completion, whole or streamed
-    POST /completion, /completions                  llama-server's own completion (prompt as text and/or token ids)
+    dialect route -> [to_chat ->] chat -> generate -> submit (engine.submit) -> answer (whole, or stream_events)
 
-Every route differs only in how the prompt is made and how the answer is shaped (an
-``sse.WireFormat``); all go through ``generate``: submit to the engine, read the text as
-content and tool calls (``tools``), then answer whole or stream.
+The routes are each dialect's own (``server/dialects/``).
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
@@ -29,65 +27,12 @@ from llmkit.engine import Request as EngineRequest
 from llmkit.llama import Model
 from llmkit.server import sse
 from llmkit.server.errors import ApiError, off_loop
-from llmkit.server.protocol import (
-    ChatCompletionRequest,
-    ChatRequest,
-    CompletionRequest,
-    GenerationRequest,
-    NativeCompletionRequest,
-    check_tokens,
-    constraint_of,
-    params_from_body,
-)
-from llmkit.server.state import SYSTEM_FINGERPRINT, ServerState, State
+from llmkit.server.middleware import log_usage
+from llmkit.server.protocol import ChatRequest, GenerationRequest, constraint_of, params_from_body
+from llmkit.server.state import ServerState
 from llmkit.server.tools import CallParser, TextParser, ToolCalling
 
 log = logging.getLogger("llmkit.server")
-router = APIRouter()
-
-
-@router.post("/v1/chat/completions")
-@router.post("/chat/completions")
-async def chat_completions(body: ChatCompletionRequest, http_request: Request, state: State) -> Any:
-    return await chat(http_request, state, body, openai_formatter(state, body, chat=True))
-
-
-@router.post("/v1/completions")
-async def completions(body: CompletionRequest, http_request: Request, state: State) -> Any:
-    model = state.engine.model
-    prompt = body.single_prompt()
-    if isinstance(prompt, str):
-        tokens = await off_loop(model.tokenize, prompt)
-    else:
-        tokens = check_tokens(prompt, model.n_vocab, "prompt")
-    return await generate(http_request, state, body, tokens, openai_formatter(state, body, chat=False))
-
-
-@router.post("/completion")
-@router.post("/completions")
-async def completion(body: NativeCompletionRequest, http_request: Request, state: State) -> Any:
-    """llama-server's own completion (post_completions): its request fields, its answer (``sse.NativeFormatter``);
-    several prompts are several requests to the engine, answered as a list (streamed one after the other)."""
-    model = state.engine.model
-    requests: list[EngineRequest] = []
-    formats: list[sse.WireFormat] = []
-    try:
-        for index, prompt in enumerate(body.prompt):
-            tokens = check_tokens(await off_loop(tokenize_mixed, model, prompt), model.n_vocab, "prompt")
-            text = b"".join(model.token_to_piece(t, special=True) for t in tokens).decode("utf-8", "replace")
-            request = await submit(http_request, state, body, tokens)
-            requests.append(request)
-            formats.append(sse.NativeFormatter(state.model_name, text, body.n_top_logprobs(), model.token_to_piece, body.return_tokens,
-                                               body.stream, index, params=request.params))  # fmt: skip
-    except BaseException:  # a later prompt is refused: the ones already queued have no reader
-        for request in requests:
-            request.cancel()
-        raise
-    return await answer(http_request, state, body, requests, formats)
-
-
-def openai_formatter(state: ServerState, body: GenerationRequest, *, chat: bool) -> sse.Formatter:
-    return sse.Formatter(chat, state.model_name, SYSTEM_FINGERPRINT, body.n_top_logprobs(), state.engine.model.token_to_piece)
 
 
 async def chat(http_request: Request, state: ServerState, body: ChatRequest, fmt: sse.WireFormat) -> Any:
@@ -123,16 +68,15 @@ async def submit(
     """The request's settings checked and compiled, then its prompt queued (llama-server: post_tasks)."""
     engine = state.engine
     # the constraint's conversion and check are CPU work: off the event loop; bad ones are a 400 here
-    params = await off_loop(request_params, body, state.settings.request_defaults(), engine.model, calling)
+    params = await off_loop(request_params, body, state.settings.defaults, engine.model, calling)
     if tenant := http_request.headers.get("x-tenant"):  # who the request is for (--scheduling-policy fair-share)
         params = dataclasses.replace(params, tenant=tenant)
     try:
-        request = engine.submit(prompt, params)
-    except ContextSizeError as exc:
-        raise ApiError.context_size(exc) from None
+        return engine.submit(prompt, params)
+    except ContextSizeError:
+        raise  # a 400 of its own shape (errors.install)
     except ValueError as exc:
         raise ApiError(400, str(exc)) from None
-    return request
 
 
 async def answer(
@@ -159,7 +103,7 @@ async def answer(
     await requests[0].started()
     silence = body.sse_ping_interval if body.sse_ping_interval is not None else state.settings.sse_ping_interval
     streams = [request.pieces(silence if silence > 0 else None) for request in requests]
-    events = stream_events(http_request, body, list(zip(requests, formats, readers, streams, strict=True)))
+    events = stream_events(http_request, list(zip(requests, formats, readers, streams, strict=True)))
 
     def cancel_all() -> None:
         for request in requests:
@@ -192,10 +136,9 @@ def ended(request: EngineRequest) -> Outcome:
 Stream = tuple[
     EngineRequest, sse.WireFormat, TextParser | CallParser, AsyncGenerator[Piece | None, None]
 ]  # request, format, reader, pieces
-PING = ":\n\n"  # an SSE comment: clients skip it, and their read timeout starts again (llama-server's)
 
 
-async def stream_events(http_request: Request, body: GenerationRequest, streams: list[Stream]) -> AsyncIterator[str]:
+async def stream_events(http_request: Request, streams: list[Stream]) -> AsyncIterator[str]:
     """Every request's frames, one request after the other: its opening with its first piece, a chunk per piece,
     its closing; then the format's end marker. An error after the 200 is reported in the stream, in the format's shape."""
     request, fmt = streams[0][0], streams[0][1]
@@ -205,7 +148,7 @@ async def stream_events(http_request: Request, body: GenerationRequest, streams:
             opening = fmt.opening(request)  # sent with the first piece, as llama-server's first partial result
             async for piece in pieces:
                 if piece is None:
-                    yield PING
+                    yield sse.PING
                     continue
                 sent[request.id] += len(piece.tokens)
                 for obj in [*opening, *fmt.chunk(request, piece, reader.push(piece.text))]:
@@ -213,7 +156,7 @@ async def stream_events(http_request: Request, body: GenerationRequest, streams:
                 opening = []
             held_back = reader.finish()  # text that could have begun a tool call, and did not
             last = fmt.chunk(request, Piece("", []), held_back) if held_back else []
-            for obj in [*opening, *last, *fmt.closing(ended(request), reader, body.include_usage)]:
+            for obj in [*opening, *last, *fmt.closing(ended(request), reader)]:
                 yield fmt.frame(obj)
         if streams[0][1].done:
             yield streams[0][1].done
@@ -228,12 +171,6 @@ async def stream_events(http_request: Request, body: GenerationRequest, streams:
             done = request.outcome
             n_output = done.n_output if done is not None else sent[request.id]  # a client that left: what it was sent
             log_usage(http_request, len(request.prompt), request.n_cached, n_output)
-
-
-def log_usage(http_request: Request, n_prompt: int, n_cached: int, n_output: int) -> None:
-    """Add a request's token counts to what the access log prints for this HTTP request (``middleware.AccessLog``)."""
-    before = getattr(http_request.state, "usage", (0, 0, 0))
-    http_request.state.usage = tuple(a + b for a, b in zip(before, (n_prompt, n_cached, n_output), strict=True))
 
 
 async def collect(request: EngineRequest, http_request: Request) -> list[Piece]:
@@ -274,10 +211,3 @@ def request_params(body: GenerationRequest, defaults: RequestParams, model: Mode
     if trigger is not None:
         model.word_masks(trigger.encode())  # read here once (~0.4 s), not in the engine's step
     return params_from_body(body, defaults, grammar.compile(grammar.Gbnf(text), model), trigger)
-
-
-def tokenize_mixed(model: Model, prompt: str | list[int | str]) -> list[int]:
-    """A native prompt's tokens (llama-server's tokenize_mixed): strings tokenized, ids kept; BOS only if it starts with a string."""
-    if isinstance(prompt, str):
-        return model.tokenize(prompt)
-    return [t for i, part in enumerate(prompt) for t in (model.tokenize(part, add_special=i == 0) if isinstance(part, str) else [part])]

@@ -18,13 +18,26 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from llmkit.engine import SlotStatus
+from llmkit.engine.speculative import SpecType
 from llmkit.llama import Model
 from llmkit.server import metrics
+from llmkit.server.dialects.openai_chat import ChatCompletionRequest
 from llmkit.server.errors import ApiError, off_loop
-from llmkit.server.protocol import ChatCompletionRequest, DetokenizeRequest, TokenizeRequest, check_tokens
+from llmkit.server.protocol import ApiModel, check_tokens
 from llmkit.server.state import SYSTEM_FINGERPRINT, ServerState, State
 
 router = APIRouter()
+
+
+class TokenizeRequest(ApiModel):
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(ApiModel):
+    tokens: list[int]
 
 
 @router.get("/health")
@@ -64,9 +77,8 @@ async def get_model(model_id: str, state: State) -> dict:
 async def props(state: State) -> dict:
     engine, settings = state.engine, state.settings
     status = engine.status()
-    config = status.config
     return {
-        "default_generation_settings": {"n_ctx": status.n_ctx_slot, "params": settings.request_defaults().to_dict()},
+        "default_generation_settings": {"n_ctx": status.n_ctx_slot, "params": settings.defaults.to_dict()},
         "total_slots": len(status.slots),
         "model_alias": state.model_name,
         "model_path": str(engine.model.path),
@@ -75,13 +87,9 @@ async def props(state: State) -> dict:
         "endpoint_metrics": settings.metrics,
         "chat_template": engine.model.chat_template,
         "build_info": SYSTEM_FINGERPRINT,
-        "step_tokens": config.step_tokens,  # llmkit's own: the token budget of a step beside a stream (0: only -b, as llama-server)
-        # the KV cache's settings (llmkit's own keys, llama-server's flag names)
-        "kv_unified": config.kv_unified,
-        "cache_reuse": config.cache_reuse,
-        "context_shift": config.context_shift,
+        # llmkit's own: every engine setting in effect (EngineConfig: llama-server's flag names), and the prompt cache
+        "engine": status.config.to_dict(),
         "prompt_cache": status.prompt_cache,
-        "engine": config.to_dict(),  # llmkit's own: every engine setting in effect (EngineConfig)
     }
 
 
@@ -90,7 +98,7 @@ async def slots(state: State) -> list[dict]:
     if not state.settings.slots:
         raise ApiError(501, "This server does not support slots endpoint. Start it with `--slots`")
     status = state.engine.status()
-    speculative = status.config.speculative.type != "none"
+    speculative = status.config.speculative.type is not SpecType.NONE
     return [slot_json(slot, speculative) for slot in status.slots]
 
 

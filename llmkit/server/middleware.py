@@ -3,10 +3,13 @@
 ``Gate`` is llama-server's pre-routing handler plus a body limit: while the
 model loads every path answers 503; with an API key every path but
 ``/health`` needs it (``Authorization: Bearer <key>`` or ``X-Api-Key``); a
-body over the limit is refused with 413 before any route sees it.
+body over the limit is refused with 413 before any route sees it. A refusal
+speaks the dialect of the route that was asked (``errors.dialect_of``).
 ``AccessLog`` writes one line per request once its response is complete:
 
     POST /v1/chat/completions 200 prompt=31 cached=24 generated=16 0.412s
+
+(the routes that read tokens, generation's and the embeddings', add their counts with ``log_usage``).
 
 Both are plain ASGI middlewares: they wrap a streamed response without
 buffering it and do not get in the way of the disconnect that cancels it.
@@ -17,12 +20,14 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from llmkit.server.errors import ApiError
+from llmkit.server.errors import ApiError, dialect_of
 
 log = logging.getLogger("llmkit.server")
 
@@ -30,11 +35,20 @@ PUBLIC_PATHS = {"/health", "/v1/health"}
 
 
 class Gate:
-    def __init__(self, app: ASGIApp, *, not_ready: Callable[[], ApiError | None], api_key: str | None, max_body_size: int):
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        not_ready: Callable[[], ApiError | None],
+        api_key: str | None,
+        max_body_size: int,
+        routes: Sequence[BaseRoute] = (),
+    ):
         self.app = app
         self.not_ready = not_ready  # the 503 "Loading model" answer while loading, else None
         self.api_key = api_key
         self.max_body_size = max_body_size
+        self.routes = routes  # the app's: a refusal speaks the dialect of the route that was asked (errors.dialect_of)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -47,7 +61,7 @@ class Gate:
                 raise ApiError(401, "Invalid API Key")
             body = await self.read_body(headers, receive)
         except ApiError as exc:
-            return await exc.response(scope["path"])(scope, receive, send)
+            return await exc.response(dialect_of(scope, self.routes))(scope, receive, send)
         await self.app(scope, replay(body, receive), send)
 
     def authorized(self, headers: Headers) -> bool:
@@ -107,8 +121,12 @@ class AccessLog:
             raise
         finally:
             tokens = ""
-            if (usage := state.get("usage")) is not None:  # set by the generation routes (generation.log_usage)
+            if (usage := state.get("usage")) is not None:  # set by the routes that read tokens (log_usage)
                 tokens = " prompt={} cached={} generated={}".format(*usage)
-            elif "n_prompt_tokens" in state:  # embeddings
-                tokens = f" prompt={state['n_prompt_tokens']}"
             log.info("%s %s %s%s %.3fs", scope["method"], scope["path"], status or "-", tokens, time.perf_counter() - t0)
+
+
+def log_usage(http_request: Request, n_prompt: int, n_cached: int, n_output: int) -> None:
+    """Add a request's token counts to what ``AccessLog`` prints for this HTTP request (several prompts: their sums)."""
+    before = getattr(http_request.state, "usage", (0, 0, 0))
+    http_request.state.usage = tuple(a + b for a, b in zip(before, (n_prompt, n_cached, n_output), strict=True))

@@ -1,37 +1,63 @@
-"""Request bodies as pydantic models, and their mapping to the engine's RequestParams.
+"""What the generation dialects share: the request fields, the chat request every chat API becomes, and their mapping
+onto the engine's ``RequestParams``.
 
-(~ llama-server's server-schema.cpp: a declarative table of request fields
-with types, limits and aliases.) Fields are strict (``"0.5"`` is not a
-number, ``1`` is not a boolean), unknown fields are ignored as OpenAI does,
-and a ``null`` field counts as absent. A field that fails validation
-becomes a 400 naming it (``errors.describe_validation_errors``).
+(~ llama-server's server-schema.cpp: a declarative table of request fields with types, limits and aliases, and
+``eval_llama_cmpl_schema``.) Fields are strict (``"0.5"`` is not a number, ``1`` is not a boolean), unknown fields
+are ignored as OpenAI does, and a ``null`` field counts as absent. A field that fails validation becomes a 400
+naming it (``errors.describe_validation_errors``).
+
+The options come from one place, the engine's dataclasses: a body field named like a field of ``RequestParams``
+or ``SamplingParams`` is read as it is, under that name (``BY_NAME``); the few that need a conversion (OpenAI's
+other names, a constraint to compile) are listed in ``CONVERTED``, and the rest are the HTTP layer's own
+(``HTTP_ONLY``). Each dialect's body (``dialects/``) holds its own fields; tests/test_options.py checks that every
+field of every body is one of these, so a field cannot be accepted and then ignored without a word.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from llmkit.engine import RequestParams
 from llmkit.grammar import Constraint, Gbnf, Schema
-from llmkit.llama import Grammar
-from llmkit.server.errors import ApiError
+from llmkit.llama import Grammar, SamplingParams
+from llmkit.server.errors import ApiError, invalid
 from llmkit.server.tools import Tool, ToolCalling, renders_tools
-
-
-def _n_predict(n: int) -> int:
-    # 0 is refused: llama-server reads it as "only evaluate the prompt", which the engine does not do
-    # (it would generate without limit, as it checks the budget only after appending a token).
-    if n == 0 or n < -1:
-        raise ValueError("should be -1 (no limit) or a positive number of tokens")
-    return n
-
 
 Probability = Annotated[float, Field(ge=0, le=1)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
-NPredict = Annotated[int, AfterValidator(_n_predict)]
+# -1: no limit; 0: read the prompt into the slot's cache and generate nothing (as server-schema.cpp describes n_predict;
+# the pinned llama-server samples one token first: tests/test_differential.py shows it)
+NPredict = Annotated[int, Field(ge=-1)]
+
+SAMPLING = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+ENGINE = frozenset(f.name for f in dataclasses.fields(RequestParams) if f.name != "sampling") | SAMPLING  # the engine's options
+# body fields read through a conversion -> the engine's option they set (GenerationRequest.converted, constraint_of,
+# ChatRequest.tool_calling)
+CONVERTED = {
+    "max_tokens": "max_tokens",  # OpenAI's name, beside ...
+    "max_completion_tokens": "max_tokens",  # ... its newer one, and ...
+    "n_predict": "max_tokens",  # ... llama-server's: the first one given
+    "stop": "stop",  # a string or a list: a tuple
+    "id_slot": "id_slot",  # -1: any slot (None)
+    "n_probs": "n_probs",  # llama-server's, ...
+    "logprobs": "n_probs",  # ... OpenAI chat's switch and text completions' count, ...
+    "top_logprobs": "n_probs",  # ... and chat's count (n_top_logprobs)
+    "response_format": "grammar",  # the constraints (constraint_of), compiled into the sampler's grammar
+    "json_schema": "grammar",
+    "grammar": "grammar",
+    "tools": "grammar",  # the tool calls' grammar (ToolCalling.grammar) and its trigger
+    "tool_choice": "grammar",
+    "parallel_tool_calls": "grammar",
+}
+# the engine's options no body field sets: the tool grammar's trigger is made with it; the tenant is a header (X-Tenant)
+NOT_FROM_BODY = frozenset({"grammar_trigger", "tenant"})
+BY_NAME = ENGINE - set(CONVERTED) - NOT_FROM_BODY  # body fields read as they are, under the engine's name (llama-server's)
+# body fields the HTTP layer reads itself (or accepts and ignores, as said where they are declared)
+HTTP_ONLY = frozenset({"model", "n", "stream_options", "sse_ping_interval", "messages", "prompt", "return_tokens"})
 
 
 class ApiModel(BaseModel):
@@ -67,7 +93,7 @@ class ResponseFormat(ApiModel):
 
 
 class GenerationRequest(ApiModel):
-    """The fields chat and text completions share: OpenAI's, then llama-server's."""
+    """The fields every generation dialect shares: OpenAI's, then llama-server's (its names: ``RequestParams``')."""
 
     model: str | None = None  # accepted and ignored: the server has one model
     max_tokens: NPredict | None = None
@@ -96,7 +122,7 @@ class GenerationRequest(ApiModel):
     n_cache_reuse: Annotated[int, Field(ge=0)] | None = None  # None: the server's --cache-reuse
     # speculation: at most this many draft tokens a step (None: the server's; 0: off). Older llama-servers read
     # this field; the pinned one sets speculation per server only
-    speculative_n_max: Annotated[int, Field(ge=0)] | None = Field(None, alias="speculative.n_max")
+    n_draft_max: Annotated[int, Field(ge=0)] | None = Field(None, alias="speculative.n_max")
     grammar: str | None = None
     json_schema: dict | None = None
     sse_ping_interval: int | None = None  # seconds of silence before a ping, this stream only (None: the server's)
@@ -109,6 +135,24 @@ class GenerationRequest(ApiModel):
     def n_top_logprobs(self) -> int | None:
         """How many alternatives to report per token; None: no logprobs at all."""
         return self.n_probs or None
+
+    def settings(self) -> dict[str, Any]:
+        """The options this body gives, under the engine's names (only those given: the rest stay the server's)."""
+        return {name: getattr(self, name) for name in self.model_fields_set & BY_NAME} | self.converted()
+
+    def converted(self) -> dict[str, Any]:
+        """The options read through a conversion (``CONVERTED``; the constraints are compiled apart), as given."""
+        given = self.model_fields_set
+        options: dict[str, Any] = {}
+        if budget := [n for name in ("n_predict", "max_completion_tokens", "max_tokens") if (n := getattr(self, name)) is not None]:
+            options["max_tokens"] = budget[0]
+        if self.stop is not None:
+            options["stop"] = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if "id_slot" in given:
+            options["id_slot"] = None if self.id_slot < 0 else self.id_slot
+        if (n_top := self.n_top_logprobs()) is not None:
+            options["n_probs"] = max(n_top, 1)  # the engine computes logprobs only when n_probs > 0
+        return options
 
 
 class TextPart(ApiModel):
@@ -175,21 +219,24 @@ class NamedToolChoice(ApiModel):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
-class ChatRequest(GenerationRequest):
-    """A chat request, as every chat API becomes one (``responses`` and ``messages`` convert theirs to it)."""
+def _not_two_assistant_messages_at_the_end(messages: list[Message]) -> list[Message]:
+    if len(messages) >= 2 and messages[-1].role == messages[-2].role == "assistant":
+        raise ValueError("Cannot have 2 or more assistant messages at the end of the list.")  # llama-server's words
+    return messages
 
-    messages: list[Message]
+
+Messages = Annotated[list[Message], AfterValidator(_not_two_assistant_messages_at_the_end)]
+
+
+class ChatRequest(GenerationRequest):
+    """A chat request, as every chat API becomes one (``responses`` and ``messages`` convert theirs to it: ``as_chat``)."""
+
+    messages: Messages
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] = 0
     tools: list[ChatTool] = []
     tool_choice: ToolChoice | None = None  # None: "auto" with tools, else "none"
     parallel_tool_calls: bool | None = None  # None: as the chat template can (llama-server: its caps)
-
-    @model_validator(mode="after")
-    def _not_two_assistant_messages_at_the_end(self) -> ChatRequest:
-        if len(self.messages) >= 2 and self.messages[-1].role == self.messages[-2].role == "assistant":
-            raise ValueError("Cannot have 2 or more assistant messages at the end of the list.")  # llama-server's words
-        return self
 
     def n_top_logprobs(self) -> int | None:
         return self.top_logprobs if self.logprobs else super().n_top_logprobs()
@@ -207,110 +254,20 @@ class ChatRequest(GenerationRequest):
         return ToolCalling(tools, choice, None, parallel, native)
 
 
-class ChatCompletionRequest(ChatRequest):
-    """OpenAI's Chat Completions request: at least one message (llama-server's Messages route takes none)."""
-
-    messages: Annotated[list[Message], Field(min_length=1)]
-
-
-class CompletionRequest(GenerationRequest):
-    # a string, or (OpenAI) a token list, or a list holding one of those: n = 1 prompt only
-    prompt: (
-        str
-        | list[int]
-        | Annotated[list[str], Field(min_length=1, max_length=1)]
-        | Annotated[list[list[int]], Field(min_length=1, max_length=1)]
-    )
-    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-
-    def n_top_logprobs(self) -> int | None:
-        return self.logprobs if self.logprobs is not None else super().n_top_logprobs()
-
-    def single_prompt(self) -> str | list[int]:
-        p = self.prompt
-        return p[0] if isinstance(p, list) and p and isinstance(p[0], (str, list)) else p  # type: ignore[return-value]  # mypy cannot narrow p[0]
+def carried(body: BaseModel, converted: frozenset[str]) -> dict[str, Any]:
+    """The fields a dialect's body gives that the chat request has under the same name, as given (by their JSON
+    names): a dialect converts only the rest (``converted``)."""
+    names = body.model_fields_set & set(ChatRequest.model_fields) - converted
+    return body.model_dump(include=names, by_alias=True)
 
 
-def _is_token(x: Any) -> bool:
-    return type(x) is int  # a JSON integer (not a boolean, not 1.0)
-
-
-def _is_single_prompt(p: Any) -> bool:
-    """A string, token ids, or strings and token ids mixed (at least one id: a list of strings is several prompts)."""
-    if isinstance(p, str):
-        return True
-    return isinstance(p, list) and all(_is_token(x) or isinstance(x, str) for x in p) and (not p or any(map(_is_token, p)))
-
-
-MAX_PROMPTS = 64  # prompts in one native request (each is a request to the engine)
-
-
-def _native_prompts(p: Any) -> list[str | list[int | str]]:
-    """The prompts as llama-server's ``tokenize_input_prompts`` reads them (server-common.cpp).
-
-    A prompt is a string, a list of token ids, a list mixing strings and token ids, or
-    ``{"prompt_string": ...}``; a list of those is several prompts, answered with one
-    completion each (``index`` says which).
-    """
-    prompts = p if isinstance(p, list) and p and not any(map(_is_token, p)) else [p]  # a list of prompts, or one
-    if isinstance(p, list) and not p:
-        raise ValueError("must not be empty")
-    if len(prompts) > MAX_PROMPTS:
-        raise ValueError(f"at most {MAX_PROMPTS} prompts per request, not {len(prompts)}")
-    return [_native_prompt(one) for one in prompts]
-
-
-def _native_prompt(p: Any) -> str | list[int | str]:
-    if isinstance(p, dict) and "prompt_string" in p:
-        if "multimodal_data" in p:
-            raise ValueError("'multimodal_data' is not supported: the model reads text only")
-        p = p["prompt_string"]
-    if not _is_single_prompt(p):
-        raise ValueError('should be a string, a list of token ids, a list of strings and token ids, or {"prompt_string": ...}')
-    return p
-
-
-class NativeCompletionRequest(GenerationRequest):
-    """llama-server's own ``POST /completion`` (post_completions): its prompt shapes, and ``return_tokens``."""
-
-    prompt: Annotated[Any, AfterValidator(_native_prompts)]  # one or more prompts (a list after validation)
-    return_tokens: bool = False
-
-
-class EmbeddingRequest(ApiModel):
-    input: str | Annotated[list[str], Field(min_length=1)]
-    model: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
-
-    @property
-    def texts(self) -> list[str]:
-        return [self.input] if isinstance(self.input, str) else self.input
-
-
-class NativeEmbeddingRequest(EmbeddingRequest):
-    """llama-server's own ``/embedding``: the text in ``input`` or ``content``."""
-
-    input: str | Annotated[list[str], Field(min_length=1)] | None = None  # type: ignore[assignment]  # or in content
-    content: str | Annotated[list[str], Field(min_length=1)] | None = None
-
-    @model_validator(mode="after")
-    def _input_or_content(self) -> NativeEmbeddingRequest:
-        if self.input is None:
-            if self.content is None:
-                raise ValueError('"input" or "content" must be provided')
-            self.input = self.content
-        return self
-
-
-class TokenizeRequest(ApiModel):
-    content: str
-    add_special: bool = False
-    parse_special: bool = True
-    with_pieces: bool = False
-
-
-class DetokenizeRequest(ApiModel):
-    tokens: list[int]
+def as_chat(body: dict[str, Any], names: Mapping[str, str]) -> ChatRequest:
+    """A dialect's request converted to a chat request, validated as one. A failure is the client's 400 in the client's
+    own words: ``names`` maps each chat field the dialect converts to the client's field it came from."""
+    try:
+        return ChatRequest.model_validate(body)
+    except ValidationError as exc:
+        raise invalid(exc, names) from None
 
 
 # --- request -> engine ---------------------------------------------------------
@@ -365,34 +322,9 @@ def params_from_body(
     ``grammar``: the request's constraint, compiled (``constraint_of`` says which, ``grammar.compile`` makes it);
     ``grammar_trigger``: the word that starts it, for a lazy grammar (a tool call the model may make).
     """
-    sampling: dict[str, Any] = {
-        "temperature": body.temperature,
-        "top_k": body.top_k,
-        "top_p": body.top_p,
-        "min_p": body.min_p,
-        "seed": body.seed,
-        "repeat_penalty": body.repeat_penalty,
-        "repeat_last_n": body.repeat_last_n,
-        "presence_penalty": body.presence_penalty,
-        "frequency_penalty": body.frequency_penalty,
-        "ignore_eos": body.ignore_eos,
-        "grammar": grammar,
-        "grammar_trigger": grammar_trigger,
-    }
-    n_top = body.n_top_logprobs()
-    own: dict[str, Any] = {
-        "max_tokens": next((n for n in (body.n_predict, body.max_completion_tokens, body.max_tokens) if n is not None), None),
-        "stop": (body.stop,) if isinstance(body.stop, str) else None if body.stop is None else tuple(body.stop),
-        "cache_prompt": body.cache_prompt,
-        "id_slot": None if body.id_slot < 0 else body.id_slot,
-        "n_probs": 0 if n_top is None else max(n_top, 1),  # the engine computes logprobs only when n_probs > 0
-        "n_keep": body.n_keep,
-        "n_cache_reuse": body.n_cache_reuse,
-        "n_draft_max": body.speculative_n_max,
-        "priority": body.priority,
-        "sampling": dataclasses.replace(defaults.sampling, **{k: v for k, v in sampling.items() if v is not None}),
-    }
-    return dataclasses.replace(defaults, **{k: v for k, v in own.items() if v is not None or k == "id_slot"})
+    options = body.settings() | ({"grammar": grammar, "grammar_trigger": grammar_trigger} if grammar is not None else {})
+    sampling = dataclasses.replace(defaults.sampling, **{k: v for k, v in options.items() if k in SAMPLING})
+    return dataclasses.replace(defaults, **{k: v for k, v in options.items() if k not in SAMPLING}, sampling=sampling)
 
 
 def check_tokens(tokens: list[int], n_vocab: int, field: str) -> list[int]:

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 import llmkit
 from llmkit.engine import EngineStatus, RequestParams
 from llmkit.engine import Request as EngineRequest
-from llmkit.llama import Model, SamplingParams
+from llmkit.llama import Model
 from llmkit.server import metrics
 from llmkit.server.errors import ApiError
 
@@ -40,17 +40,12 @@ class Settings:
 
     alias: str | None = None  # the model name clients see (default: the GGUF file name)
     api_key: str | None = None
-    n_predict: int = -1  # default max_tokens; -1: until end of generation or the slot's context is full
-    temperature: float = 0.8
-    seed: int | None = None
+    defaults: RequestParams = field(default_factory=RequestParams)  # what a body leaves out (-n, --temp, --seed)
     metrics: bool = False
     slots: bool = True
     max_body_size: int = 10 * 2**20
     n_threads: int | None = None  # for the embedding context
     sse_ping_interval: int = 30  # seconds of silence before a stream gets a ping (<= 0: never), as llama-server's
-
-    def request_defaults(self) -> RequestParams:
-        return RequestParams(max_tokens=self.n_predict, sampling=SamplingParams(temperature=self.temperature, seed=self.seed))
 
 
 @runtime_checkable

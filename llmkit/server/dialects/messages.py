@@ -24,7 +24,10 @@ do), and a stream as events named after their ``type``:
     message_stop
 
 Errors on these routes come in Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}``
-(``errors.speaks_anthropic``). Differences from Anthropic's API, each said where it is decided:
+(the router declares ``errors.ANTHROPIC``). The fields chat has under the same name (``max_tokens``,
+``temperature``, ``top_p``, ``top_k``, ``stream``, and llmkit's ``priority``, which Anthropic's SDK
+sends with ``extra_body``) are carried to the chat request as they are; the rest are converted
+(``CONVERTED``). Differences from Anthropic's API, each said where it is decided:
 ``max_tokens`` is required (as Anthropic; llama-server puts 4096 in its place), ``messages`` may be
 empty (as llama-server), images and documents are a 400 (the model reads text only; llama-server
 answers 500), ``thinking`` is accepted and does nothing (the model does not reason first), and a
@@ -38,19 +41,20 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import Field, model_validator
 
 from llmkit.engine import End, Outcome, Piece
 from llmkit.engine import Request as EngineRequest
 from llmkit.server import sse
-from llmkit.server.errors import ApiError, off_loop
+from llmkit.server.dialects.blocks import Blocks
+from llmkit.server.errors import ANTHROPIC, ApiError, off_loop
 from llmkit.server.generation import chat, chat_prompt
-from llmkit.server.protocol import ApiModel, ChatRequest, NPredict, Probability
+from llmkit.server.protocol import ApiModel, ChatRequest, NPredict, Probability, as_chat, carried
 from llmkit.server.state import State
 from llmkit.server.tools import Delta
 
-router = APIRouter()
+router = APIRouter(dependencies=[Depends(ANTHROPIC)])
 
 MEDIA = "image input is not supported: this model reads text only"  # llama-server's words, then why
 
@@ -153,6 +157,13 @@ class AnthropicToolChoice(ApiModel):
         return {"auto": "auto", "any": "required", "none": "none"}[self.type]
 
 
+# the body's fields that become another of the chat request's (the rest are chat's own, carried as they are)
+CONVERTED = frozenset({"messages", "system", "tools", "tool_choice", "stop_sequences", "output_config"})
+IGNORED = frozenset({"thinking", "metadata"})  # accepted, and they change nothing here
+# the chat request's fields -> the client's, where they differ
+CHAT_NAMES = {"stop": "stop_sequences", "response_format": "output_config.format", "parallel_tool_calls": "tool_choice"}
+
+
 class CountTokensRequest(ApiModel):
     """What a prompt is made of: the conversation, the system prompt, the tools."""
 
@@ -167,7 +178,7 @@ class CountTokensRequest(ApiModel):
         """The same request as a chat request (llama-server: server_chat_convert_anthropic_to_oai)."""
         messages = [] if self.system is None else [{"role": "system", "content": self.system_text()}]
         messages += [m for message in self.messages for m in message.to_chat()]
-        body = {
+        body = carried(self, CONVERTED) | {
             "messages": messages,
             "tools": [
                 {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.input_schema}}
@@ -179,7 +190,7 @@ class CountTokensRequest(ApiModel):
             body["tool_choice"] = self.tool_choice.to_chat()
             if self.tool_choice.disable_parallel_tool_use is not None:
                 body["parallel_tool_calls"] = not self.tool_choice.disable_parallel_tool_use
-        return ChatRequest.model_validate(body)
+        return as_chat(body, CHAT_NAMES)
 
     def system_text(self) -> str:
         return self.system if isinstance(self.system, str) else "".join(b.text for b in self.system or [])
@@ -204,16 +215,16 @@ class MessagesRequest(CountTokensRequest):
     metadata: dict | None = None  # accepted; {"user_id": ...} changes nothing here
     output_config: OutputConfig | None = None
     stream: bool = False
+    priority: int | None = None  # llmkit's (vLLM's field; Anthropic's SDK: extra_body): lower goes first under --scheduling-policy priority
 
     def to_chat(self, **fields: Any) -> ChatRequest:
-        given = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
-        settings: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+        settings: dict[str, Any] = {"stop": self.stop_sequences}
         if self.output_config is not None and self.output_config.format is not None:
             settings["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": "output", "schema": self.output_config.format.schema_},
             }
-        return super().to_chat(max_tokens=self.max_tokens, stop=self.stop_sequences, stream=self.stream, **settings, **fields)
+        return super().to_chat(**settings, **fields)
 
 
 @router.post("/v1/messages")
@@ -252,14 +263,17 @@ def usage(n_prompt: int, n_cached: int, n_output: int) -> dict:
 
 @dataclass
 class MessagesFormatter:
-    """The JSON objects of one Messages answer (llama-server: the to_json_anthropic of its final and partial results)."""
+    """The JSON objects of one Messages answer (llama-server: the to_json_anthropic of its final and partial results).
+    A stream's content blocks are its typed blocks (``Blocks``): ``text``, or a ``tool_use``."""
 
     model: str
     id: str = field(default_factory=lambda: f"msg_{secrets.token_hex(12)}")
-    n_blocks: int = 0  # content blocks started so far in the stream
-    open_block: str | None = None  # the type of the one not yet stopped
     done = None
     frame = staticmethod(sse.named_event)
+    blocks: Blocks = field(init=False, repr=False)  # the stream's typed blocks, whose events this writes
+
+    def __post_init__(self) -> None:
+        self.blocks = Blocks(self)
 
     def message(self, content: list[dict], usage: dict, reason: str | None = None, stop_sequence: str = "") -> dict:
         """The message; with no ``reason`` yet, as a stream's ``message_start`` has it (nothing written)."""
@@ -285,40 +299,29 @@ class MessagesFormatter:
         return [{"type": "message_start", "message": self.message([], counts)}, {"type": "ping"}]
 
     def chunk(self, request: EngineRequest, piece: Piece, deltas: list[Delta]) -> list[dict]:
-        events: list[dict] = []
-        for d in deltas:
-            if d.index < 0:
-                if self.open_block != "text":
-                    events += self.start_block({"type": "text", "text": ""})
-                events.append(self.block_delta({"type": "text_delta", "text": d.content}))
-            elif d.name:
-                events += self.start_block({"type": "tool_use", "id": f"toolu_{d.id}", "name": d.name, "input": {}})
-            else:
-                events.append(self.block_delta({"type": "input_json_delta", "partial_json": d.arguments}))
-        return events
+        return self.blocks.push(deltas)
 
-    def start_block(self, block: dict) -> list[dict]:
-        events = self.stop_block()
-        self.open_block, self.n_blocks = block["type"], self.n_blocks + 1
-        return [*events, {"type": "content_block_start", "index": self.n_blocks - 1, "content_block": block}]
+    def started(self, index: int, delta: Delta) -> list[dict]:
+        text = delta.index < 0
+        block = {"type": "text", "text": ""} if text else {"type": "tool_use", "id": f"toolu_{delta.id}", "name": delta.name, "input": {}}
+        return [{"type": "content_block_start", "index": index, "content_block": block}]
 
-    def block_delta(self, delta: dict) -> dict:
-        return {"type": "content_block_delta", "index": self.n_blocks - 1, "delta": delta}
+    def wrote(self, index: int, delta: Delta) -> list[dict]:
+        text = delta.index < 0
+        written = {"type": "text_delta", "text": delta.content} if text else {"type": "input_json_delta", "partial_json": delta.arguments}
+        return [{"type": "content_block_delta", "index": index, "delta": written}]
 
-    def stop_block(self) -> list[dict]:
-        if self.open_block is None:
-            return []
-        self.open_block = None
-        return [{"type": "content_block_stop", "index": self.n_blocks - 1}]
+    def stopped(self, index: int, written: str, status: str) -> list[dict]:
+        return [{"type": "content_block_stop", "index": index}]
 
-    def closing(self, outcome: Outcome, answer: sse.Answer, include_usage: bool) -> list[dict]:
+    def closing(self, outcome: Outcome, answer: sse.Answer) -> list[dict]:
         reason = stop_reason(outcome, len(answer.calls))
         delta = {"stop_reason": reason, "stop_sequence": outcome.stopping_word or None}
         return [
-            *self.stop_block(),
+            *self.blocks.close(reason),
             {"type": "message_delta", "delta": delta, "usage": {"output_tokens": outcome.n_output}},
             {"type": "message_stop"},
         ]
 
     def error(self, exc: ApiError) -> list[dict]:
-        return [exc.anthropic_body()]
+        return [ANTHROPIC.body(exc)]

@@ -24,6 +24,9 @@ a ``function_call`` per call), ``status`` (``incomplete`` with ``incomplete_deta
 Stateless: nothing is stored, so ``previous_response_id`` is a 400 that says to send the
 whole conversation in ``input`` (llama-server refuses it too), and ``store`` changes nothing
 (a Response says ``"store": false``). Only function tools run here; any other tool type is a 400.
+Every field of chat's that the body gives (llama-server's extras: ``stop``, ``seed``, ``priority``
+...) is carried to the chat request as it is, as llama-server's converter copies every field;
+errors come in OpenAI's shape (the router's ``LLAMA_SERVER``).
 """
 
 from __future__ import annotations
@@ -33,19 +36,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import Discriminator, Field, Tag, model_validator
 
 from llmkit.engine import End, Outcome, Piece
 from llmkit.engine import Request as EngineRequest
 from llmkit.server import sse
-from llmkit.server.errors import ApiError, off_loop
+from llmkit.server.dialects.blocks import Blocks
+from llmkit.server.errors import LLAMA_SERVER, ApiError, off_loop
 from llmkit.server.generation import chat, chat_prompt
-from llmkit.server.protocol import ApiModel, ChatRequest, GenerationRequest, NPredict
+from llmkit.server.protocol import ApiModel, ChatRequest, GenerationRequest, NPredict, as_chat, carried
 from llmkit.server.state import State
 from llmkit.server.tools import Delta, renders_tools
 
-router = APIRouter()
+router = APIRouter(dependencies=[Depends(LLAMA_SERVER)])
 
 MEDIA = "only text input is supported: this model reads text only"
 
@@ -130,7 +134,9 @@ class FunctionTool(ApiModel):
         return data
 
 
-class NamedFunction(ApiModel):
+class FunctionChoice(ApiModel):
+    """``{"type": "function", "name": ...}``: call this tool (chat's ``NamedToolChoice``, flat)."""
+
     type: Literal["function"]
     name: str
 
@@ -157,13 +163,19 @@ class TextConfig(ApiModel):
     format: TextFormat = Field(default_factory=lambda: TextFormat.model_validate({"type": "text"}))
 
 
+# the body's fields that become another of the chat request's (the rest are chat's own, carried as they are)
+CONVERTED = frozenset({"input", "instructions", "tools", "tool_choice", "text", "max_output_tokens"})
+IGNORED = frozenset({"store", "metadata", "previous_response_id", "conversation"})  # accepted (the last two refused)
+CHAT_NAMES = {"messages": "input", "response_format": "text.format"}  # the chat request's fields -> the client's, where they differ
+
+
 class InputRequest(GenerationRequest):
     """What a prompt is made of (``/input_tokens`` reads only this), and llama-server's extra fields."""
 
     input: str | list[Item]
     instructions: str | None = None
     tools: list[FunctionTool] = Field(default_factory=list)
-    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
     parallel_tool_calls: bool | None = None  # None: as the chat template can
     text: TextConfig = TextConfig()
     previous_response_id: str | None = None
@@ -175,20 +187,17 @@ class InputRequest(GenerationRequest):
             raise ValueError(
                 "this server stores no responses: send the whole conversation in 'input' (not 'previous_response_id' or 'conversation')"
             )
-        given = self.model_dump(include=set(GenerationRequest.model_fields), exclude_unset=True, by_alias=True)
-        body = given | {
+        body = carried(self, CONVERTED) | {
             "messages": self.chat_messages(),
             "tools": [{"type": "function", "function": t.model_dump(include={"name", "description", "parameters"})} for t in self.tools],
             **fields,
         }
-        if self.parallel_tool_calls is not None:
-            body["parallel_tool_calls"] = self.parallel_tool_calls
         if self.tool_choice is not None:
             choice = self.tool_choice
             body["tool_choice"] = choice if isinstance(choice, str) else {"type": "function", "function": {"name": choice.name}}
         if self.text.format.type != "text":
             body["response_format"] = self.text.format.to_chat()
-        return ChatRequest.model_validate(body)
+        return as_chat(body, CHAT_NAMES)
 
     def chat_messages(self) -> list[dict]:
         """``instructions`` and ``input`` as chat messages; a call joins the assistant message before it."""
@@ -249,7 +258,7 @@ def echo(body: ResponsesRequest, template: str) -> dict:
         "temperature": body.temperature,
         "top_p": body.top_p,
         "text": {"format": body.text.format.model_dump(exclude_unset=True, by_alias=True) or {"type": "text"}},
-        "tool_choice": body.tool_choice.model_dump() if isinstance(body.tool_choice, NamedFunction) else body.tool_choice or "auto",
+        "tool_choice": body.tool_choice.model_dump() if isinstance(body.tool_choice, FunctionChoice) else body.tool_choice or "auto",
         "tools": [t.model_dump() for t in body.tools],
         "metadata": body.metadata,
     }
@@ -275,20 +284,28 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
 
+def part(text: str) -> dict:
+    """A message item's text part."""
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
 @dataclass
 class ResponsesFormatter:
-    """The JSON objects of one Response (llama-server: to_json_oaicompat_resp and its stream)."""
+    """The JSON objects of one Response (llama-server: to_json_oaicompat_resp and its stream). A stream's output
+    items are its typed blocks (``Blocks``): a ``message`` with one ``output_text`` part, or a ``function_call``."""
 
     model: str
     echo: dict  # the request's settings, as ``echo`` picks them
     id: str = field(default_factory=lambda: new_id("resp"))
     created: int = field(default_factory=lambda: int(time.time()))
     items: list[dict] = field(default_factory=list)  # the output items so far (a stream's, in order)
-    open_item: dict | None = None  # the one still being written
-    written: list[str] = field(default_factory=list)  # its text or arguments so far, joined when it closes
     sequence_number: int = 0
     done = None
     frame = staticmethod(sse.named_event)
+    blocks: Blocks = field(init=False, repr=False)  # the stream's typed blocks, whose events this writes
+
+    def __post_init__(self) -> None:
+        self.blocks = Blocks(self)
 
     def response(self, outcome: Outcome, pieces: list[Piece], answer: sse.Answer) -> dict:
         status = STATUS[outcome.end]
@@ -319,8 +336,7 @@ class ResponsesFormatter:
 
     @staticmethod
     def message_item(text: str, status: str) -> dict:
-        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-        return {"id": new_id("msg"), "type": "message", "status": status, "role": "assistant", "content": [part]}
+        return {"id": new_id("msg"), "type": "message", "status": status, "role": "assistant", "content": [part(text)]}
 
     @staticmethod
     def call_item(call_id: str, name: str, arguments: str, status: str) -> dict:
@@ -344,63 +360,44 @@ class ResponsesFormatter:
         return [self.event("created", response=empty), self.event("in_progress", response=empty)]
 
     def chunk(self, request: EngineRequest, piece: Piece, deltas: list[Delta]) -> list[dict]:
-        events: list[dict] = []
-        for d in deltas:
-            if d.index < 0:
-                if self.open_item is None or self.open_item["type"] != "message":
-                    events += self.add_item(self.message_item("", "in_progress"))
-                    events.append(self.event("content_part.added", **self.where(), part=self.part("")))
-                self.written.append(d.content)
-                events.append(self.event("output_text.delta", **self.where(), delta=d.content, logprobs=[]))
-            elif d.name:
-                events += self.add_item(self.call_item(d.id, d.name, "", "in_progress"))
-            else:
-                self.written.append(d.arguments)
-                events.append(self.event("function_call_arguments.delta", **self.where(part=False), delta=d.arguments))
+        return self.blocks.push(deltas)
+
+    def where(self, index: int) -> dict:
+        return {"item_id": self.items[index]["id"], "output_index": index}
+
+    def started(self, index: int, delta: Delta) -> list[dict]:
+        """An output item added (a message's with its empty text part)."""
+        text = delta.index < 0
+        item = self.message_item("", "in_progress") if text else self.call_item(delta.id, delta.name, "", "in_progress")
+        self.items.append(item)
+        events = [self.event("output_item.added", output_index=index, item=dict(item, content=[]) if text else dict(item))]
+        if text:
+            events.append(self.event("content_part.added", **self.where(index), content_index=0, part=part("")))
         return events
 
-    def where(self, *, part: bool = True) -> dict:
-        """The open item's id and place (and its text part's)."""
-        item = self.open_item
-        assert item is not None
-        return {"item_id": item["id"], "output_index": len(self.items) - 1} | ({"content_index": 0} if part else {})
+    def wrote(self, index: int, delta: Delta) -> list[dict]:
+        if delta.index < 0:
+            return [self.event("output_text.delta", **self.where(index), content_index=0, delta=delta.content, logprobs=[])]
+        return [self.event("function_call_arguments.delta", **self.where(index), delta=delta.arguments)]
 
-    @staticmethod
-    def part(text: str) -> dict:
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-    def add_item(self, item: dict) -> list[dict]:
-        events = self.close_item("completed")
-        self.items.append(item)
-        self.open_item, self.written = item, []
-        return [
-            *events,
-            self.event(
-                "output_item.added", output_index=len(self.items) - 1, item=dict(item, content=[]) if "content" in item else dict(item)
-            ),
-        ]
-
-    def close_item(self, status: str) -> list[dict]:
-        """The open item's ``.done`` events (its text or arguments whole), then ``output_item.done``."""
-        item = self.open_item
-        if item is None:
-            return []
-        self.open_item = None
-        events: list[dict] = []
-        where = {"item_id": item["id"], "output_index": len(self.items) - 1}
+    def stopped(self, index: int, written: str, status: str) -> list[dict]:
+        """The item's ``.done`` events (its text or arguments whole), then ``output_item.done``."""
+        item, where = self.items[index], self.where(index)
         if item["type"] == "message":
-            text = item["content"][0]["text"] = "".join(self.written)
-            events.append(self.event("output_text.done", **where, content_index=0, text=text, logprobs=[]))
-            events.append(self.event("content_part.done", **where, content_index=0, part=self.part(text)))
+            item["content"][0]["text"] = written
+            events = [
+                self.event("output_text.done", **where, content_index=0, text=written, logprobs=[]),
+                self.event("content_part.done", **where, content_index=0, part=part(written)),
+            ]
         else:
-            item["arguments"] = "".join(self.written)
-            events.append(self.event("function_call_arguments.done", **where, name=item["name"], arguments=item["arguments"]))
+            item["arguments"] = written
+            events = [self.event("function_call_arguments.done", **where, name=item["name"], arguments=written)]
         item["status"] = status
-        return [*events, self.event("output_item.done", output_index=where["output_index"], item=item)]
+        return [*events, self.event("output_item.done", output_index=index, item=item)]
 
-    def closing(self, outcome: Outcome, answer: sse.Answer, include_usage: bool) -> list[dict]:
+    def closing(self, outcome: Outcome, answer: sse.Answer) -> list[dict]:
         status = STATUS[outcome.end]
-        events = self.close_item(status)
+        events = self.blocks.close(status)
         # llama-server's extra: the timings, beside the response (as on a chat stream's last chunk)
         return [*events, self.event(status, response=self.whole(status, self.items, outcome), timings=outcome.timings.to_dict())]
 

@@ -1,0 +1,266 @@
+"""A fleet: N replicas of a server behind a real router, started and stopped in one line.
+
+    with fleet.start(replicas=2, server="slots", policy="cache_aware") as f:
+        f.url                    # the router: chat, completions, Responses, Anthropic Messages, whole or streamed
+        f.replicas               # each replica's ServerProcess: url, log_path, kill(), ...
+        f.router                 # the router's ServerProcess (its log says what it chose and why)
+        f.replica_of(answer)     # which replica served an answer (each replica is named <model>@<index>)
+        f.kill(1); f.restart(1)  # a replica crashes; it comes back on its port and rejoins
+
+The router is vLLM's (PyPI ``vllm-router``, a Rust binary in the ``lab`` extra; its policies are ``POLICIES``),
+never one written here: llmkit's part is to be a worker it routes well (``llmkit.server.worker``). The replicas
+are slot servers (``llmkit serve slots``) or the real llama-server, ``-t 1`` each: on a 2-core machine llama.cpp's
+spinning threads must not fight over the cores. Every process has its own log (``Fleet.logs``); all are stopped on
+exit, on an exception and on Ctrl-C. A port that is taken is named before anything starts, and a replica that fails
+to start is named with its log's last lines.
+
+The router's defaults suit a data centre; three are shortened here so a fleet on a laptop reacts within seconds
+(``ROUTER_FLAGS``): the start-up poll of each replica's ``/health`` (30 s → 1 s), the health check after it
+(60 s → 2 s: a replica that died is out after 3 failed checks, back after 2 good ones), and how long an open
+circuit keeps a replica out (60 s → 10 s): 10 failed attempts in a row open it, and when a replica dies under load
+its retries fail that fast, before any health check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from llmkit import models
+from llmkit.course import launch
+from llmkit.course.launch import ServerProcess
+from llmkit.course.trace import Record, Trace, replay
+
+POLICIES = ("random", "round_robin", "power_of_two", "consistent_hash", "cache_aware", "kv_aware", "sticky_least_loaded")
+SERVERS = ("slots", "llama-server")
+REPLICA_FLAGS = ("-t", "1")
+ROUTER_FLAGS = ("--worker-startup-check-interval", "1", "--health-check-interval-secs", "2", "--cb-timeout-duration-secs", "10")
+
+
+class FleetError(RuntimeError):
+    """A fleet could not start: which process, and why (its log's last lines)."""
+
+
+@dataclass
+class Fleet:
+    """Running replicas and their router (``start`` makes one)."""
+
+    server: str
+    policy: str
+    router: ServerProcess
+    replicas: list[ServerProcess] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)  # the model name each replica answers with
+
+    @property
+    def url(self) -> str:
+        return self.router.url
+
+    @property
+    def logs(self) -> dict[str, Path]:
+        return {"router": self.router.log_path} | {f"replica {i}": r.log_path for i, r in enumerate(self.replicas)}
+
+    def replica_of(self, answer: dict[str, Any] | str) -> int | None:
+        """The index of the replica that served ``answer`` (a response or stream chunk, or its ``model``), if it is one of ours."""
+        name = answer.get("model") if isinstance(answer, dict) else answer
+        return self.names.index(name) if name in self.names else None
+
+    def kill(self, index: int) -> None:
+        """SIGKILL replica ``index``: a crash, mid-request (its port is free at once)."""
+        self.replicas[index].kill()
+
+    def restart(self, index: int, timeout: float = 120) -> None:
+        """Start replica ``index`` again on its port, then wait until the router reports every replica healthy."""
+        self.replicas[index].restart(timeout)
+        launch.wait_healthy(self.url, timeout)
+
+    def stop(self) -> None:
+        """The router first (no new requests), then every replica at once: SIGTERM, SIGKILL after 15 s."""
+        self.router.stop()
+        stop_all(self.replicas)
+
+
+def stop_all(processes: Sequence[ServerProcess], timeout: float = 15) -> None:
+    """SIGTERM to all, then wait for each (SIGKILL if it hangs): the processes shut down side by side."""
+    for p in processes:
+        if p.running():
+            p.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in processes:
+        try:
+            p.process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def replica_names(server: str, n: int, flags: Sequence[str]) -> list[str]:
+    """``<model file>@<index>``: what each replica calls its model (``--alias``), so that an answer says where it came from."""
+    given = [flags[i + 1] for i, f in enumerate(flags[:-1]) if f in ("-m", "--model")]
+    model = Path(given[-1]).name if given else models.resolve_model().name
+    return [f"{model}@{i}" for i in range(n)]
+
+
+def start_replicas(server: str, n: int, flags: Sequence[str], names: list[str], timeout: float) -> list[ServerProcess]:
+    """All replicas loading at once, then each waited for; if one fails, all are stopped and it is named."""
+    replicas: list[ServerProcess] = []
+    try:
+        for i in range(n):
+            replicas.append(launch.spawn(server, *REPLICA_FLAGS, *flags, "--alias", names[i], name=f"replica{i}"))
+        for i, replica in enumerate(replicas):
+            try:
+                replica.wait_ready(timeout)
+            except RuntimeError as exc:
+                raise FleetError(f"replica {i} of {n} ({server} on port {replica.port}) failed to start: {exc}") from None
+    except BaseException:
+        stop_all(replicas)
+        raise
+    return replicas
+
+
+def start_router(policy: str, urls: list[str], router_flags: Sequence[str], port: int | None, timeout: float) -> ServerProcess:
+    flags = ("--worker-urls", *urls, "--policy", policy, "--prometheus-port", str(launch.free_port()), *ROUTER_FLAGS, *router_flags)
+    router = launch.spawn("vllm-router", *flags, port=port, name="router")
+    try:
+        router.wait_ready(timeout)
+    except RuntimeError as exc:
+        raise FleetError(f"the router (vllm-router, policy {policy}, on port {router.port}) failed to start: {exc}") from None
+    return router
+
+
+@contextlib.contextmanager
+def start(
+    replicas: int = 2,
+    server: str = "slots",
+    policy: str = "cache_aware",
+    *,
+    flags: Sequence[str] = (),
+    router_flags: Sequence[str] = (),
+    port: int | None = None,
+    timeout: float = 180,
+) -> Iterator[Fleet]:
+    """``with start(2, "slots", "cache_aware") as fleet:`` — replicas (each ``-t 1``, plus ``flags``) and the router
+    (``policy``, on ``port`` if given, plus ``router_flags``), all healthy before it returns, all stopped after."""
+    if server not in SERVERS or policy not in POLICIES:
+        raise ValueError(f"server must be one of {SERVERS} and policy one of {POLICIES} (got {server!r}, {policy!r})")
+    if importlib.util.find_spec("vllm_router") is None:
+        raise FleetError("the router is not installed: pip install 'llmkit[lab]' (vllm-router has a wheel for Linux x86-64 only)")
+    if port is not None:
+        launch.check_free(port)  # before the replicas load: a taken port is named at once
+    names = replica_names(server, replicas, flags)
+    running = start_replicas(server, replicas, flags, names, timeout)
+    try:
+        fleet = Fleet(server, policy, start_router(policy, [r.url for r in running], router_flags, port, timeout), running, names)
+    except BaseException:
+        stop_all(running)
+        raise
+    try:
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+def warm_up(fleet: Fleet) -> None:
+    """One tiny chat to each replica directly (not through the router): the first request of a process is slow."""
+    body = {"model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    for replica in fleet.replicas:
+        httpx.post(f"{replica.url}/v1/chat/completions", json=body, timeout=120).raise_for_status()
+
+
+def run_trace(fleet: Fleet, trace: Trace, **params: Any) -> list[Record]:
+    """Replay ``trace`` through the fleet's router; each record's ``replica`` is the replica's index ("0", "1", ...)."""
+    warm_up(fleet)
+    records = replay(trace, fleet.url, **params)
+    for record in records:
+        index = fleet.replica_of(record.replica) if record.replica is not None else None
+        record.replica = None if index is None else str(index)
+    return records
+
+
+def compare(
+    server: str,
+    policies: Sequence[str],
+    trace: Trace,
+    replicas: int = 2,
+    flags: Sequence[str] = (),
+    router_flags: Sequence[str] = (),
+    **params: Any,
+) -> dict[str, list[Record]]:
+    """The same trace through a fresh fleet per policy (cold caches each time): policy -> the replay's records."""
+    results = {}
+    for policy in policies:
+        with start(replicas, server, policy, flags=flags, router_flags=router_flags) as fleet:
+            results[policy] = run_trace(fleet, trace, **params)
+    return results
+
+
+# --- a replica fails under load -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """One request of ``drill``: when it was sent, how long it took, who answered, what went wrong."""
+
+    client: int
+    sent: float  # seconds after the drill began
+    seconds: float
+    replica: int | None
+    pieces: int
+    error: str | None  # None, "HTTP 5xx: ...", or the client's exception (a stream broken off)
+
+
+async def drill(fleet: Fleet, victim: int = 1, clients: int = 6, seconds: float = 40, kill_at: float = 10, restart_at: float = 25) -> dict:
+    """``clients`` users sending short streamed chats back to back for ``seconds`` (bounded load, loopback only);
+    replica ``victim`` is killed at ``kill_at`` and restarted on its port at ``restart_at``. Returns every
+    ``Outcome`` and the times of the kill, of the restart and of the router's /health back to 200."""
+    t0, events = time.perf_counter(), {}
+
+    async def chaos() -> None:
+        await asyncio.sleep(kill_at)
+        fleet.kill(victim)
+        events["killed"] = time.perf_counter() - t0
+        await asyncio.sleep(max(0.0, restart_at - (time.perf_counter() - t0)))
+        events["restarted"] = time.perf_counter() - t0
+        await asyncio.to_thread(fleet.restart, victim)
+        events["rejoined"] = time.perf_counter() - t0
+
+    async def user(c: int, client: httpx.AsyncClient) -> list[Outcome]:
+        outcomes, k = [], 0
+        while time.perf_counter() - t0 < seconds:
+            body = {"model": "any", "messages": [{"role": "user", "content": f"User {c}, question {k}: name a number."}], "max_tokens": 24}
+            sent = time.perf_counter() - t0
+            result = await ask_streamed(client, fleet, body)
+            outcomes.append(Outcome(c, sent, time.perf_counter() - t0 - sent, *result))
+            k += 1
+        return outcomes
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(60, connect=5)) as client:
+        users = asyncio.gather(*(user(c, client) for c in range(clients)))
+        _, runs = await asyncio.gather(chaos(), users)
+    return {"outcomes": [o for outcomes in runs for o in outcomes], **events}
+
+
+async def ask_streamed(client: httpx.AsyncClient, fleet: Fleet, body: dict) -> tuple[int | None, int, str | None]:
+    """Stream one chat through the router: (replica, pieces, error)."""
+    replica, pieces = None, 0
+    try:
+        async with client.stream("POST", f"{fleet.url}/v1/chat/completions", json=body | {"stream": True}) as r:
+            if r.status_code != 200:
+                return None, 0, f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}"
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    replica = fleet.replica_of(chunk) if replica is None else replica
+                    pieces += 1
+    except httpx.HTTPError as exc:
+        return replica, pieces, f"{type(exc).__name__}: {exc}"
+    return replica, pieces, None
