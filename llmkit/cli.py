@@ -154,6 +154,12 @@ def add_kv_cache_flags(slots: argparse.ArgumentParser) -> None:
         default=False,
         help="when a generation fills its slot, drop tokens after n_keep and go on (default off)",
     )
+    slots.add_argument(
+        "--kv-events", nargs="?", const="", default=None, metavar="PORT|tcp://HOST:PORT",
+        help="llmkit's own: publish what the slots and the prompt cache hold as KV events over ZMQ, for a router's kv_aware "
+        "policy (vLLM's format; GET /kv_event_sources says where; no value: a free port on --host)",
+    )  # fmt: skip
+    slots.add_argument("--kv-block-size", type=int, default=16, metavar="N", help="tokens per block of the KV events (default 16)")
 
 
 def add_speculative_flags(slots: argparse.ArgumentParser) -> None:
@@ -187,7 +193,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         n_parallel=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads, kv_unified=args.kv_unified,
         step_tokens=args.step_tokens, cache_ram_mib=args.cache_ram, cache_idle_slots=args.cache_idle_slots,
         cache_reuse=args.cache_reuse, context_shift=args.context_shift, speculative=speculative,
-        policy=POLICIES[args.scheduling_policy](),
+        policy=POLICIES[args.scheduling_policy](), kv_events=args.kv_events is not None, kv_block_size=args.kv_block_size,
     )  # fmt: skip
 
 
@@ -305,11 +311,13 @@ def serve_slots(args: argparse.Namespace) -> int:
 
     from llmkit.engine import Engine, RequestParams
     from llmkit.server import Settings, create_app
+    from llmkit.server.kv_publisher import endpoint_of
 
     path = models.resolve_model(args.model)  # a bad path fails here, before the server starts
     config = engine_config(args)
     try:
         config.resolved()  # the engine's own check, before the server starts
+        kv_events = None if args.kv_events is None else endpoint_of(args.kv_events, args.host)
     except ValueError as exc:
         print(f"llmkit: error: {exc}", file=sys.stderr)
         return 2
@@ -324,7 +332,7 @@ def serve_slots(args: argparse.Namespace) -> int:
     defaults = RequestParams.of(max_tokens=args.n_predict, temperature=args.temp, seed=args.seed)  # what a request leaves out
     settings = Settings(
         alias=args.alias, api_key=args.api_key, defaults=defaults, metrics=args.metrics, slots=args.slots,
-        max_body_size=args.max_body_size, n_threads=args.threads, sse_ping_interval=args.sse_ping_interval,
+        max_body_size=args.max_body_size, n_threads=args.threads, sse_ping_interval=args.sse_ping_interval, kv_events=kv_events,
     )  # fmt: skip
     app = create_app(load, settings)  # /health answers 503 until load() returns
     # access_log=False: the app logs one line per request itself, with token counts.

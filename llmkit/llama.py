@@ -322,8 +322,8 @@ class Context:
         lc.llama_state_seq_get_data(self.handle, (ctypes.c_uint8 * size).from_buffer(data), size, seq_id)
         return data
 
-    def set_seq_state(self, seq_id: int, data: mmap.mmap) -> bool:
-        """Replace sequence ``seq_id``'s cells with a copy made by ``seq_state`` (of any sequence)."""
+    def set_seq_state(self, seq_id: int, data: mmap.mmap | bytearray) -> bool:
+        """Replace sequence ``seq_id``'s cells with a copy made by ``seq_state`` (of any sequence, of any context of the model)."""
         buffer = (ctypes.c_uint8 * len(data)).from_buffer(data)
         return lc.llama_state_seq_set_data(self.handle, buffer, len(data), seq_id) == len(data)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgpack
 
 from llmkit.engine.job import Job
 from llmkit.engine.request import Request
@@ -120,3 +121,61 @@ def reading(slot_id: int, n_prompt: int, **params: Any) -> Slot:
 def running(*slots: Slot) -> list[Running]:
     """The busy slots and their jobs, as the engine hands them to ``build_batch``."""
     return [(slot, slot.job) for slot in slots if slot.job is not None]
+
+
+# --- KV events read back as vllm-router reads them (test_kv_events.py, test_kv_routing.py) ---------------------------
+
+STORED_KEYS = {"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"}
+REMOVED_KEYS = {"type", "block_hashes", "medium"}
+
+
+class RouterView:
+    """The blocks a router holds per tier after reading the payloads, with the checks its decoder and index make,
+    made strict: a store whose parent it never saw (the router would skip it), a block stored twice in one tier or
+    removed while not held (our counts would be wrong) fail the test."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.prefix_of: dict[bytes, tuple[int, ...]] = {}  # every name ever stored -> the tokens it stands for
+        self.held: dict[str | None, set[bytes]] = {None: set(), "CPU": set()}  # by tier: the slots', the prompt cache's
+        self.n_events = 0
+
+    def read(self, payload: bytes) -> None:
+        ts, events = msgpack.unpackb(payload, raw=False)
+        assert isinstance(ts, float) and ts >= 0 and len(events) <= 4096
+        for event in events:
+            self.n_events += 1
+            {"BlockStored": self.stored, "BlockRemoved": self.removed, "AllBlocksCleared": self.cleared}[event["type"]](event)
+
+    def stored(self, e: dict) -> None:
+        bs = self.block_size
+        assert set(e) == STORED_KEYS and e["lora_id"] is None and e["lora_name"] is None and e["block_size"] == bs
+        names, tokens, parent = e["block_hashes"], e["token_ids"], e["parent_block_hash"]
+        assert names and len(tokens) == len(names) * bs, "complete blocks only"
+        assert parent is None or parent in self.prefix_of, "a store under an unknown parent is skipped by the router"
+        prefix = () if parent is None else self.prefix_of[parent]
+        for i, name in enumerate(names):
+            assert isinstance(name, bytes) and len(name) == 32
+            prefix = (*prefix, *tokens[i * bs : (i + 1) * bs])
+            assert self.prefix_of.setdefault(name, prefix) == prefix, "one name, one prefix"
+            assert name not in self.held[e["medium"]], "stored twice in one tier"
+            self.held[e["medium"]].add(name)
+
+    def removed(self, e: dict) -> None:
+        assert set(e) == REMOVED_KEYS and e["block_hashes"]
+        for name in e["block_hashes"]:
+            assert name in self.held[e["medium"]], "removed while not held"
+            self.held[e["medium"]].remove(name)
+
+    def cleared(self, e: dict) -> None:
+        assert set(e) == {"type"}
+        for names in self.held.values():
+            names.clear()
+
+    def prefixes(self, medium: str | None) -> set[tuple[int, ...]]:
+        return {self.prefix_of[name] for name in self.held[medium]}
+
+
+def block_prefixes(block_size: int, sequences: list[list[int]]) -> set[tuple[int, ...]]:
+    """Every complete block of every sequence, as the prefix that ends with it (what ``RouterView.prefixes`` must equal)."""
+    return {tuple(tokens[: k * block_size]) for tokens in sequences for k in range(1, len(tokens) // block_size + 1)}

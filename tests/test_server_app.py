@@ -62,8 +62,8 @@ class FakeEngine:
         self.starts = starts  # whether a request gets a slot (else the script ends it before it starts)
         self.closed = False
 
-    def submit(self, prompt, params=None) -> Request:
-        request = Request(prompt, params)
+    def submit(self, prompt, params=None, kv=None) -> Request:
+        request = Request(prompt, params, kv)
         if self.starts:
             request.start(0, n_cached=0)
         self.script(request)

@@ -127,8 +127,20 @@ def start_replicas(server: str, n: int, flags: Sequence[str], names: list[str], 
     return replicas
 
 
-def start_router(policy: str, urls: list[str], router_flags: Sequence[str], port: int | None, timeout: float) -> ServerProcess:
-    flags = ("--worker-urls", *urls, "--policy", policy, "--prometheus-port", str(launch.free_port()), *ROUTER_FLAGS, *router_flags)
+def router_workers(urls: Sequence[str], pd: bool = False) -> tuple[str, ...]:
+    """The router's worker flags: every replica alike; or, disaggregated (``pd``), the first half reading prompts and the
+    rest generating (vllm-router's PD mode: ``llmkit.server.handoff``)."""
+    if not pd:
+        return ("--worker-urls", *urls)
+    half = max(1, len(urls) // 2)
+    prefill, decode = [f for u in urls[:half] for f in ("--prefill", u)], [f for u in urls[half:] for f in ("--decode", u)]
+    return ("--vllm-pd-disaggregation", *prefill, *decode)
+
+
+def start_router(
+    policy: str, urls: list[str], router_flags: Sequence[str], port: int | None, timeout: float, pd: bool = False
+) -> ServerProcess:
+    flags = (*router_workers(urls, pd), "--policy", policy, "--prometheus-port", str(launch.free_port()), *ROUTER_FLAGS, *router_flags)
     router = launch.spawn("vllm-router", *flags, port=port, name="router")
     try:
         router.wait_ready(timeout)
@@ -147,9 +159,11 @@ def start(
     router_flags: Sequence[str] = (),
     port: int | None = None,
     timeout: float = 180,
+    pd: bool = False,
 ) -> Iterator[Fleet]:
     """``with start(2, "slots", "cache_aware") as fleet:`` — replicas (each ``-t 1``, plus ``flags``) and the router
-    (``policy``, on ``port`` if given, plus ``router_flags``), all healthy before it returns, all stopped after."""
+    (``policy``, on ``port`` if given, plus ``router_flags``), all healthy before it returns, all stopped after.
+    ``pd=True``: disaggregated prefill and decode, the first half of the replicas reading prompts, the rest generating."""
     if server not in SERVERS or policy not in POLICIES:
         raise ValueError(f"server must be one of {SERVERS} and policy one of {POLICIES} (got {server!r}, {policy!r})")
     if importlib.util.find_spec("vllm_router") is None:
@@ -159,7 +173,8 @@ def start(
     names = replica_names(server, replicas, flags)
     running = start_replicas(server, replicas, flags, names, timeout)
     try:
-        fleet = Fleet(server, policy, start_router(policy, [r.url for r in running], router_flags, port, timeout), running, names)
+        router = start_router(policy, [r.url for r in running], router_flags, port, timeout, pd)
+        fleet = Fleet(server, policy, router, running, names)
     except BaseException:
         stop_all(running)
         raise

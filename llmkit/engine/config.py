@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+from llmkit.engine.kv_events import DEFAULT_BLOCK_SIZE
 from llmkit.engine.scheduler import LlamaServerPolicy, Policy
 from llmkit.engine.speculative import SpecParams
 
@@ -40,6 +41,10 @@ class EngineConfig:
     ``speculative``: draft-free speculative decoding (``--spec-type ngram-simple | ngram-mod``, off by
     default as in llama-server): ``llmkit.engine.speculative``.
 
+    ``kv_events`` (llmkit's own; llama-server has none): at the end of each step, tell what the slots and the prompt
+    cache now hold as blocks of ``kv_block_size`` tokens (``Engine.kv_events``; ``llmkit.engine.kv_events``), for a
+    router's ``kv_aware`` policy (the server publishes them: ``--kv-events``).
+
     ``policy`` (llmkit's own): who goes first, which slot a request gets, which running job makes room for it,
     whose prompt fills a step first (``llmkit.engine.scheduler``: llama-server's rules, or your own).
     """
@@ -56,6 +61,8 @@ class EngineConfig:
     context_shift: bool = False  # --context-shift
     speculative: SpecParams = field(default_factory=SpecParams)  # --spec-type and its --spec-ngram-* settings
     policy: Policy = field(default_factory=LlamaServerPolicy)  # llmkit's --scheduling-policy: llama-server's rules by default
+    kv_events: bool = False  # llmkit's --kv-events (the engine's half: the events; the server publishes them)
+    kv_block_size: int = DEFAULT_BLOCK_SIZE  # llmkit's --kv-block-size: tokens per block of the KV events
 
     def to_dict(self) -> dict:
         """Every setting, as ``/props`` reports it (the policy and the speculation mode by their names)."""
@@ -72,6 +79,8 @@ class EngineConfig:
             raise ValueError(f"step_tokens must be 0 (no budget) or at least 2 x n_parallel = {2 * n_parallel}, not {self.step_tokens}")
         if self.n_ctx < n_parallel or self.n_batch < 1:
             raise ValueError(f"n_ctx ({self.n_ctx}) must hold a token per slot, and n_batch ({self.n_batch}) be at least 1")
+        if self.kv_block_size < 1:
+            raise ValueError(f"kv_block_size must be at least 1, not {self.kv_block_size}")
         if self.cache_reuse < 0:
             raise ValueError(f"cache_reuse must be 0 (off) or a number of tokens, not {self.cache_reuse}")
         self.speculative.checked()

@@ -14,7 +14,8 @@ Read it in the order llama-server runs (``llmkit.course.upstream.MAP`` pairs eac
 method with its C++ and says what differs):
 
 - ``loop`` ~ ``server_queue::start_loop``: wait for work, ``step``, again;
-  ``step`` is one turn: ``admit``, then ``update_slots``, then it publishes its ``status``
+  ``step`` is one turn: ``admit``, then ``update_slots``, then (with ``kv_events`` on, llmkit's
+  own) it tells what the slots and the prompt cache now hold, and publishes its ``status``
   if a reader asked for it;
 - ``admit`` ~ ``process_single_task``: waiting requests into slots, as the scheduling
   policy says (``scheduler.admission``; llama-server's policy by default:
@@ -47,8 +48,9 @@ from typing import Any
 from llmkit import models
 from llmkit.engine.config import EngineConfig
 from llmkit.engine.job import Job
+from llmkit.engine.kv_events import KVEventTracker
 from llmkit.engine.prompt_cache import PromptCache
-from llmkit.engine.request import ContextSizeError, End, EngineError, Outcome, Request, RequestParams, TokenLogprob
+from llmkit.engine.request import ContextSizeError, End, EngineError, KVState, Outcome, Request, RequestParams, TokenLogprob
 from llmkit.engine.scheduler import Admission, Chunk, Running, admission, build_batch, swaps_prompt
 from llmkit.engine.slot import Slot
 from llmkit.engine.speculative import SpecType, make_drafter
@@ -93,6 +95,8 @@ class Engine:
         self.prompt_cache = PromptCache(config.cache_ram_mib, self.ctx.n_ctx) if config.cache_ram_mib != 0 else None
         self.slots = [Slot(i, self.ctx.n_ctx_seq) for i in range(config.n_parallel)]
         self.batch = Batch(self.ctx.n_batch)
+        # what the slots and the prompt cache hold, told at each step's end (None: off); a publisher takes its batches
+        self.kv_events = KVEventTracker(config.kv_block_size) if config.kv_events else None
         self.waiting: deque[Request] = deque()  # in arrival order (the policy orders them)
         self.suspended: dict[int, Job] = {}  # preempted jobs, by request id: their requests wait again
         self.counters = Counters()
@@ -120,18 +124,21 @@ class Engine:
 
     # --- submitting ----------------------------------------------------------
 
-    def submit(self, prompt: list[int], params: RequestParams | None = None) -> Request:
-        """Queue a tokenized prompt; returns at once with a ``Request`` to iterate."""
+    def submit(self, prompt: list[int], params: RequestParams | None = None, kv: KVState | None = None) -> Request:
+        """Queue a tokenized prompt; returns at once with a ``Request`` to iterate. With ``kv``, KV cells another engine
+        read for it (disaggregated prefill: ``launch_from``): its tokens must be the prompt, then its output but the last."""
         params = params or RequestParams()
         if not prompt:
             raise ValueError("the prompt is empty")
+        if kv is not None and (not kv.output or list(kv.tokens) != [*prompt, *kv.output[:-1]]):
+            raise ValueError("the KV state handed over is not this prompt's, or has no token to go on from")
         if len(prompt) >= self.n_ctx_slot:
             raise ContextSizeError(len(prompt), self.n_ctx_slot)
         if params.id_slot is not None and not 0 <= params.id_slot < len(self.slots):
             raise ValueError(f"id_slot must be between 0 and {len(self.slots) - 1}")
         if params.n_cache_reuse is None or not self.ctx.can_shift:
             params = replace(params, n_cache_reuse=self.config.cache_reuse)
-        request = Request(prompt, params)
+        request = Request(prompt, params, kv)
         request.on_cancel = self._wake
         with self._lock:
             if self._closing:
@@ -214,6 +221,8 @@ class Engine:
             log.exception("engine step failed")
             self._fail_busy(EngineError("internal engine error (see the server log)"))
             record = None
+        if self.kv_events is not None:
+            self.kv_events.collect(self.slots, self.prompt_cache)
         with self._lock:
             self.n_steps += 1
             self._publish()
@@ -249,6 +258,8 @@ class Engine:
     def launch(self, slot: Slot, request: Request) -> None:
         """Start ``request`` on ``slot``, or go on with its preempted job (llama-server: launch_slot_with_task): the slot
         keeps what it holds of the request's tokens (a prefix, chunks moved into place), its job reads the rest."""
+        if request.kv is not None and request.id not in self.suspended:
+            return self.launch_from(slot, request, request.kv)
         tokens, params = self.tokens_of(request), request.params
         self.swap_prompt(slot, tokens, request, resuming=request.id in self.suspended)
         n_keep, n_moved = slot.reuse(self.ctx, tokens, params.cache_prompt, params.n_cache_reuse)
@@ -259,6 +270,27 @@ class Engine:
             job.resume(n_keep)
         slot.job = job
         request.start(slot.id, job.n_cached)  # a streamed answer can send its status line now
+
+    def launch_from(self, slot: Slot, request: Request, kv: KVState) -> None:
+        """Start ``request`` on ``slot`` from KV cells another engine read (llmkit's own: disaggregated prefill; llama-server
+        has none). The cells replace the slot's (its prompt goes to the prompt cache first), the tokens that engine
+        generated are this job's first ones, and it goes on from them as a preempted job does (``Job.resume``). Cells
+        this context cannot take: the request reads its prompt here, as any other."""
+        if self.prompt_cache is not None and slot.save_prompt(self.prompt_cache, self.ctx):
+            self.prompt_cache.update()
+        request.kv = None  # taken (or refused): a later launch, after a preemption, goes on from this engine's cache
+        if not slot.load_cells(self.ctx, list(kv.tokens), kv.cells):
+            log.warning("request %d: the KV cells handed over do not fit this context; it reads its prompt", request.id)
+            return self.launch(slot, request)
+        job = Job.start(request, self.model, len(kv.tokens), 0)  # may raise: the request fails alone
+        slot.job = job
+        request.start(slot.id, job.n_cached)
+        for token in kv.output:
+            self.process_token(slot, job, token, None)
+            if request.done:
+                return
+        job.resume(len(kv.tokens))
+        request.wake()
 
     def swap_prompt(self, slot: Slot, tokens: list[int], request: Request, *, resuming: bool = False) -> None:
         """Before ``slot`` loses its prompt, copy it to RAM; bring back the cached prompt that serves ``tokens``
@@ -478,6 +510,8 @@ class Engine:
         if end is not End.CANCELLED and not job.stops.stopped:
             self.deliver(job, job.flush())
         outcome = job.outcome(end, slot.id, tokens_cached=slot.n_past)
+        if job.request.params.hand_off and end is not End.CANCELLED:  # disaggregated prefill: the cells go to a decode worker
+            outcome = replace(outcome, kv=KVState(tuple(slot.cache_tokens), outcome.output, self.ctx.seq_state(slot.id)))
         self._leave(slot, job, outcome.timings, ok=True)
         job.request.finish(outcome)
 

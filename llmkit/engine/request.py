@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import itertools
+import mmap
 import threading
 import time
 from collections import deque
@@ -52,6 +53,22 @@ class End(enum.Enum):
 
 
 @dataclass(frozen=True)
+class KVState:
+    """A sequence's KV cells, as one engine hands them to another to go on from (disaggregated prefill and decode:
+    llmkit's own, through vLLM's ``kv_transfer_params``; llama-server has none).
+
+    ``cells`` hold ``tokens`` (``Context.seq_state``: llama_state_seq_get_data); ``output`` are the tokens that engine
+    generated, the last one not yet in the cells: ``tokens`` is the prompt, then the output but its last token. An
+    engine given it (``Engine.submit(..., kv=)``) starts the request from those cells and those tokens, as a preempted
+    job goes on from the KV cache it left (``Job.resume``).
+    """
+
+    tokens: tuple[int, ...]
+    output: tuple[int, ...]
+    cells: mmap.mmap | bytearray
+
+
+@dataclass(frozen=True)
 class Outcome:
     """How a request ended: written once, by the engine, when its job leaves the slot (``Engine.finish``)."""
 
@@ -67,6 +84,7 @@ class Outcome:
     t_start: float = 0.0  # time.perf_counter() when it got a slot (0: never) ...
     t_first: float = 0.0  # ... its first token (0: none) ...
     t_end: float = 0.0  # ... and when it left its slot: where the request sits on a timeline (Request.t_submit)
+    kv: KVState | None = None  # with ``RequestParams.hand_off``: its slot's KV cells when it ended
 
     @property
     def n_output(self) -> int:
@@ -96,6 +114,7 @@ class RequestParams:
     stream: bool = False  # the client reads the answer as it comes (the engine streams every request alike: shown in /slots)
     priority: int = 0  # llmkit's (vLLM's field): lower goes first under the priority policy, and may preempt
     tenant: str = ""  # llmkit's: who the request is for (the fair-share policy shares the slots among tenants)
+    hand_off: bool = False  # llmkit's (disaggregated prefill): its slot's KV cells go into its outcome (Outcome.kv)
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
     @classmethod
@@ -158,10 +177,11 @@ _END: Any = object()  # the end marker: travels in the queue of pieces, is never
 class Request:
     """One request's inputs, where it runs, how it ended, and the channel its pieces travel through."""
 
-    def __init__(self, prompt: list[int], params: RequestParams | None = None):
+    def __init__(self, prompt: list[int], params: RequestParams | None = None, kv: KVState | None = None):
         self.id = next(_ids)
         self.prompt = prompt
         self.params = params or RequestParams()
+        self.kv = kv  # KV cells another engine read for it, to start from (None: it reads its prompt here)
         self.t_submit = time.perf_counter()
 
         self.status = Status.WAITING

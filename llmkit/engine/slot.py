@@ -4,7 +4,8 @@ A slot's sequence id is its index. ``cache_tokens`` are exactly the tokens
 whose keys and values sit in that sequence of the KV cache, position by
 position, at every moment outside a step (a step appends to them only after
 its decode has succeeded: ``Engine.commit``); they outlive the job, which is
-what prefix reuse reads. Only the slot's own methods change them.
+what prefix reuse reads. Only the slot's own methods change them, and each marks the first position it
+changed (``changed_from``): the KV events (``llmkit.engine.kv_events``) read only what changed since they last looked.
 
 ``job`` is the run of the request on it (``llmkit.engine.job``), None when idle;
 the job does not point back.
@@ -12,6 +13,7 @@ the job does not point back.
 
 from __future__ import annotations
 
+import mmap
 import time
 from typing import TYPE_CHECKING
 
@@ -39,6 +41,7 @@ class Slot:
         self.job: Job | None = None  # the run on it (None: idle)
         self.t_last_used = 0.0
         self.n_restored = 0  # prompts brought back into this slot from the prompt cache
+        self.changed_from: int | None = None  # the first position whose token changed since take_changes (None: none)
 
     @property
     def is_idle(self) -> bool:
@@ -48,6 +51,15 @@ class Slot:
     def n_past(self) -> int:
         """Tokens in this slot's KV cache: the next token goes at this position."""
         return len(self.cache_tokens)
+
+    def changed(self, pos: int) -> None:
+        """The tokens from ``pos`` on are not what they were (every method below that changes ``cache_tokens`` says so)."""
+        self.changed_from = pos if self.changed_from is None else min(self.changed_from, pos)
+
+    def take_changes(self) -> int | None:
+        """The first position changed since the last call (None: nothing changed), and forget it (the KV events' reader)."""
+        changed, self.changed_from = self.changed_from, None
+        return changed
 
     def similarity(self, tokens: list[int]) -> float:
         """How much of ``tokens`` this slot already holds, 0..1 (lcp / len(tokens))."""
@@ -84,6 +96,7 @@ class Slot:
             while head_c + n < len(cache) and head_p + n < len(prompt) and cache[head_c + n] == prompt[head_p + n]:
                 n += 1
             if n >= min_chunk:
+                self.changed(head_p)
                 ctx.seq_rm(self.id, head_p, head_c)
                 ctx.seq_add(self.id, head_c, head_c + n, head_p - head_c)
                 cache[head_p : head_p + n] = cache[head_c : head_c + n]
@@ -94,6 +107,7 @@ class Slot:
 
     def append(self, tokens: list[int]) -> None:
         """A decode wrote ``tokens`` at the end of this slot's sequence (``Engine.commit``)."""
+        self.changed(len(self.cache_tokens))
         self.cache_tokens.extend(tokens)
 
     def shift_context(self, ctx: Context, n_keep: int) -> None:
@@ -107,6 +121,7 @@ class Slot:
         n_discard = max(0, min(n_left // 2, n_left - 1))
         ctx.seq_rm(self.id, n_keep, n_keep + n_discard)
         ctx.seq_add(self.id, n_keep + n_discard, self.n_past, -n_discard)
+        self.changed(n_keep)
         del self.cache_tokens[n_keep : n_keep + n_discard]
 
     def truncate(self, ctx: Context, n: int) -> bool:
@@ -114,6 +129,8 @@ class Slot:
         False: this memory cannot cut a sequence in the middle, and nothing changed."""
         if not ctx.seq_rm(self.id, n, -1):
             return False
+        if n < len(self.cache_tokens):
+            self.changed(n)
         del self.cache_tokens[n:]
         return True
 
@@ -125,11 +142,23 @@ class Slot:
     def load_prompt(self, cache: PromptCache, ctx: Context, tokens: list[int]) -> None:
         restored = cache.load(ctx, self.id, self.cache_tokens, tokens)
         if restored is not None:
+            self.changed(0)
             self.cache_tokens = restored
             self.n_restored += 1
 
+    def load_cells(self, ctx: Context, tokens: list[int], cells: mmap.mmap | bytearray) -> bool:
+        """KV cells another context wrote for ``tokens`` (``KVState``) replace this slot's. False: this context could not
+        take them, and the slot is empty (disaggregated prefill: llmkit's own)."""
+        if not ctx.set_seq_state(self.id, cells):
+            self.clear_prompt(ctx)
+            return False
+        self.changed(0)
+        self.cache_tokens = list(tokens)
+        return True
+
     def clear_prompt(self, ctx: Context) -> None:
         ctx.seq_rm(self.id, 0, -1)
+        self.changed(0)
         self.cache_tokens = []
 
     def release(self, ctx: Context, *, keep_cache: bool = True) -> None:

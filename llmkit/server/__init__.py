@@ -15,6 +15,8 @@ Module map (llama-server's tools/server/ files in brackets):
     middleware   loading / API-key / body-size gate, request log                  [server-http.cpp]
     worker       what a router asks first: a chat's token ids (render)             [vLLM's render contract; none in llama-server]
     metrics      Prometheus text from the engine's counters                       [server-task.cpp to_metrics]
+    kv_publisher  the KV events over ZMQ and where they are, for kv_aware routing [none: vLLM's ZmqEventPublisher]
+    handoff      disaggregated prefill and decode: KV cells from worker to worker  [none: vLLM's kv_transfer_params]
 
     app = create_app(engine_or_loader, Settings(alias="smollm2"))
 """

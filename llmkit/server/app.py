@@ -8,6 +8,8 @@ The routes live by role (llama-server's paths: without ``/v1``, ``/completions``
     embeddings   POST /v1/embeddings, /embedding, /embeddings
     info         GET /health, /v1/models, /props, /slots, /metrics; POST /tokenize, /detokenize, /apply-template
     worker       POST /v1/chat/completions/render, /v1/responses/render                   (what a router asks first)
+    kv_publisher GET /get_server_info, /kv_event_sources; the KV events over ZMQ        (what kv_aware routing reads)
+    handoff      GET /kv_handoff/{id}: a prefill worker's KV cells for its decode worker  (disaggregated prefill)
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
 
-from llmkit.server import embeddings, errors, info, worker
+from llmkit.server import embeddings, errors, handoff, info, kv_publisher, worker
 from llmkit.server.dialects import ROUTERS
 from llmkit.server.middleware import AccessLog, Gate
 from llmkit.server.state import ServerState, ServingEngine, Settings
@@ -50,7 +52,7 @@ def create_app(engine: ServingEngine | Callable[[], ServingEngine], settings: Se
     if not callable(engine):
         state.ready(engine)
     errors.install(app)
-    routers = (info.router, embeddings.router, *ROUTERS, worker.router)
+    routers = (info.router, embeddings.router, *ROUTERS, worker.router, kv_publisher.router, handoff.router)
     settings = state.settings
     routes = [route for router in routers for route in router.routes]  # the gate answers in the dialect of the route asked
     app.add_middleware(Gate, not_ready=state.not_ready, api_key=settings.api_key, max_body_size=settings.max_body_size, routes=routes)

@@ -22,10 +22,10 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from llmkit import grammar
-from llmkit.engine import ContextSizeError, Outcome, Piece, RequestParams
+from llmkit.engine import ContextSizeError, KVState, Outcome, Piece, RequestParams
 from llmkit.engine import Request as EngineRequest
 from llmkit.llama import Model
-from llmkit.server import sse
+from llmkit.server import handoff, sse
 from llmkit.server.errors import ApiError, off_loop
 from llmkit.server.middleware import log_usage
 from llmkit.server.protocol import ChatRequest, GenerationRequest, constraint_of, params_from_body
@@ -57,13 +57,21 @@ async def generate(
     fmt: sse.WireFormat,
     calling: ToolCalling | None = None,
 ) -> Any:
-    """Submit the prompt; answer with the whole completion, or stream it."""
-    request = await submit(http_request, state, body, prompt, calling)
-    return await answer(http_request, state, body, [request], [fmt], calling)
+    """Submit the prompt; answer with the whole completion, or stream it. In a disaggregated pair (``handoff``), a
+    decode worker starts from its prefill worker's KV cells, and a prefill worker's answer says where they are."""
+    kv = await handoff.fetch(body, prompt)
+    request = await submit(http_request, state, body, prompt, calling, kv)
+    answered = await answer(http_request, state, body, [request], [fmt], calling)
+    return handoff.offer(state, http_request, prompt, request, answered) if handoff.hands_off(body) else answered
 
 
 async def submit(
-    http_request: Request, state: ServerState, body: GenerationRequest, prompt: list[int], calling: ToolCalling | None = None
+    http_request: Request,
+    state: ServerState,
+    body: GenerationRequest,
+    prompt: list[int],
+    calling: ToolCalling | None = None,
+    kv: KVState | None = None,
 ) -> EngineRequest:
     """The request's settings checked and compiled, then its prompt queued (llama-server: post_tasks)."""
     engine = state.engine
@@ -72,7 +80,7 @@ async def submit(
     if tenant := http_request.headers.get("x-tenant"):  # who the request is for (--scheduling-policy fair-share)
         params = dataclasses.replace(params, tenant=tenant)
     try:
-        return engine.submit(prompt, params)
+        return engine.submit(prompt, params, kv)
     except ContextSizeError:
         raise  # a 400 of its own shape (errors.install)
     except ValueError as exc:

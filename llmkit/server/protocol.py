@@ -52,10 +52,12 @@ CONVERTED = {
     "tools": "grammar",  # the tool calls' grammar (ToolCalling.grammar) and its trigger
     "tool_choice": "grammar",
     "parallel_tool_calls": "grammar",
+    "kv_transfer_params": "hand_off",  # vLLM's PD handshake: a prefill worker keeps its cells (llmkit.server.handoff)
 }
 # the engine's options no body field sets: the tool grammar's trigger is made with it; the tenant is a header (X-Tenant)
 NOT_FROM_BODY = frozenset({"grammar_trigger", "tenant"})
-BY_NAME = ENGINE - set(CONVERTED) - NOT_FROM_BODY  # body fields read as they are, under the engine's name (llama-server's)
+# body fields read as they are, under the engine's name (llama-server's)
+BY_NAME = ENGINE - set(CONVERTED) - set(CONVERTED.values()) - NOT_FROM_BODY
 # body fields the HTTP layer reads itself (or accepts and ignores, as said where they are declared)
 HTTP_ONLY = frozenset({"model", "n", "stream_options", "sse_ping_interval", "messages", "prompt", "return_tokens"})
 
@@ -127,6 +129,7 @@ class GenerationRequest(ApiModel):
     json_schema: dict | None = None
     sse_ping_interval: int | None = None  # seconds of silence before a ping, this stream only (None: the server's)
     priority: int | None = None  # llmkit's (vLLM's field): lower goes first under --scheduling-policy priority
+    kv_transfer_params: dict[str, Any] | None = None  # vLLM's: disaggregated prefill and decode (llmkit.server.handoff)
 
     @property
     def include_usage(self) -> bool:
@@ -152,6 +155,8 @@ class GenerationRequest(ApiModel):
             options["id_slot"] = None if self.id_slot < 0 else self.id_slot
         if (n_top := self.n_top_logprobs()) is not None:
             options["n_probs"] = max(n_top, 1)  # the engine computes logprobs only when n_probs > 0
+        if self.kv_transfer_params is not None:
+            options["hand_off"] = bool(self.kv_transfer_params.get("do_remote_decode"))
         return options
 
 

@@ -20,7 +20,7 @@ from fastapi import Depends, Request
 from prometheus_client import CollectorRegistry
 
 import llmkit
-from llmkit.engine import EngineStatus, RequestParams
+from llmkit.engine import EngineStatus, KVState, RequestParams
 from llmkit.engine import Request as EngineRequest
 from llmkit.llama import Model
 from llmkit.server import metrics
@@ -28,6 +28,8 @@ from llmkit.server.errors import ApiError
 
 if TYPE_CHECKING:
     from llmkit.server.embeddings import Embedder  # whose routes read this module
+    from llmkit.server.handoff import Handoffs  # likewise
+    from llmkit.server.kv_publisher import KVPublisher
 
 log = logging.getLogger("llmkit.server")
 
@@ -46,6 +48,7 @@ class Settings:
     max_body_size: int = 10 * 2**20
     n_threads: int | None = None  # for the embedding context
     sse_ping_interval: int = 30  # seconds of silence before a stream gets a ping (<= 0: never), as llama-server's
+    kv_events: str | None = None  # llmkit's --kv-events: the ZMQ endpoint of the engine's KV events (llmkit.server.kv_publisher)
 
 
 @runtime_checkable
@@ -56,11 +59,17 @@ class ServingEngine(Protocol):
     @property
     def model(self) -> Model: ...
 
-    def submit(self, prompt: list[int], params: RequestParams | None = None) -> EngineRequest: ...
+    def submit(self, prompt: list[int], params: RequestParams | None = None, kv: KVState | None = None) -> EngineRequest: ...
 
     def status(self) -> EngineStatus: ...
 
     def close(self) -> None: ...
+
+
+def new_handoffs() -> Handoffs:
+    from llmkit.server.handoff import Handoffs  # whose routes read this module
+
+    return Handoffs()
 
 
 @dataclass
@@ -71,6 +80,8 @@ class ServerState:
     loaded: ServingEngine | None = None
     embedder: Embedder | None = None
     load_error: Exception | None = None
+    kv_publisher: KVPublisher | None = None
+    handoffs: Handoffs = field(default_factory=new_handoffs)  # a prefill worker's KV cells, kept for its decode workers
     t_start: int = field(default_factory=lambda: int(time.time()))  # when the server started, Unix seconds
     registry: CollectorRegistry = field(init=False)
 
@@ -88,8 +99,10 @@ class ServerState:
         return self.settings.alias or self.engine.model.path.name
 
     def ready(self, engine: ServingEngine) -> None:
+        from llmkit.server import kv_publisher
         from llmkit.server.embeddings import Embedder
 
+        self.kv_publisher = kv_publisher.start(engine, self.settings.kv_events)
         self.embedder = Embedder(engine.model, n_threads=self.settings.n_threads)
         self.loaded = engine
         status = engine.status()
@@ -110,6 +123,8 @@ class ServerState:
         return None if self.loaded is not None else ApiError(503, "Loading model")
 
     def close(self, *, engine_too: bool) -> None:
+        if self.kv_publisher is not None:
+            self.kv_publisher.close()
         if self.embedder is not None:
             self.embedder.close()
         if engine_too and self.loaded is not None:

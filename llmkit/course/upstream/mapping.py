@@ -295,7 +295,7 @@ MAP: tuple[Counterpart, ...] = (
                 in_upstream='"# HELP llamacpp:"', in_llmkit="generate_latest(reg)"),
     Counterpart("llmkit.server.generation.submit", "server_response_reader::post_tasks", QUEUE,
                 "the request's settings checked and compiled off the event loop, then one prompt queued",
-                in_upstream="queue_tasks.post(std::move(tasks)", in_llmkit="engine.submit(prompt, params)"),
+                in_upstream="queue_tasks.post(std::move(tasks)", in_llmkit="engine.submit(prompt, params, kv)"),
     Counterpart("llmkit.server.generation.collect", "server_response_reader::wait_for_all", QUEUE,
                 "also watches the connection: ASGI reports the closed socket and the request is cancelled; llama-server's should_stop, "
                 "polled each second, did not see it",
