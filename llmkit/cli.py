@@ -233,11 +233,13 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
             "kv-cache",
             "speculation",
             "priority",
+            "fleet",
         ],
         help="leave out a server or a scenario (no-budget: the slot server with --step-tokens 0; llama-server: built from "
         "the pinned llama.cpp; levels: the 1-8 stream levels; apis: the same streams through chat, Responses and Messages; "
         "speculation: --spec-type ngram-simple and ngram-mod on and off, on both servers; priority: a high-priority "
-        "request while every slot is busy, waiting or preempting)",
+        "request while every slot is busy, waiting or preempting; fleet: the router's policies in front of 2 replicas of each "
+        "server on a multi-tenant trace)",
     )
     b.add_argument(
         "--priority-rounds", type=int, default=3, metavar="N",
