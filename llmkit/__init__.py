@@ -10,7 +10,7 @@ Map of the package (each module one role, named after llama-server's files). The
     sequential/ the tutorial's translation server (one request at a time)
     engine/     the slot engine: continuous batching, prefix reuse (~ server-context.cpp)
     server/     the slot server's OpenAI-compatible HTTP layer (~ server.cpp, server-http.cpp)
-    cli         `llmkit serve | translate | bench | upstream | fleet`
+    cli         `llmkit serve | translate | bench | upstream | fleet | sim`
 
 The course's apparatus, apart from it (the `lab` extra; no server imports it):
 
@@ -20,6 +20,8 @@ The course's apparatus, apart from it (the `lab` extra; no server imports it):
       launch      start/stop servers in the background (notebooks, tests, bench)
       fleet       replicas behind a real router (vllm-router), in one line; a replica killed and restarted
       trace       a multi-tenant chat trace (seeded), its replay over HTTP, what it measured
+      sim/        `llmkit sim`: the fleet in a discrete-event model (simpy), calibrated from the engine's step costs;
+                  checked against real fleets; replicas for a TTFT SLO at scale, per policy, CPU and GPU-like costs
       client      HTTP helpers: stream from either server and time every piece
       widgets     ipywidgets: a translator that streams into the page
 

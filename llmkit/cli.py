@@ -1,4 +1,4 @@
-"""``llmkit`` command line: serve | translate | bench | upstream | fleet.
+"""``llmkit`` command line: serve | translate | bench | upstream | fleet | sim.
 
 llmkit serve sequential [--model PATH] [--host 127.0.0.1] [--port 8080]
 llmkit serve slots      [-m PATH] [-c 8192] [-np 4] ...   (flags named like llama-server's)
@@ -8,6 +8,9 @@ llmkit upstream find get_available_slot    # llama-server's C++ by name, with li
 llmkit upstream build                      # build llama-server from the same llama.cpp (once)
 llmkit fleet --replicas 2 --server slots --policy cache_aware    # replicas behind vllm-router, until Ctrl-C
 llmkit fleet --policy round_robin cache_aware --trace             # the multi-tenant trace through each policy
+llmkit sim calibrate -o cost.json                                 # this machine's step costs, for the fleet's model
+llmkit sim check --replicas 1 2 3 --cost cost.json                # the model against real fleets of 1-3 replicas
+llmkit sim capacity --users 2000 --rate 20 --slo 1                # replicas for a TTFT p99 SLO, per policy, in the model
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub)
     add_upstream_parser(sub)
     add_fleet_parser(sub)
+    add_sim_parser(sub)
     return parser
 
 
@@ -290,6 +294,26 @@ def add_fleet_parser(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--out", default=None, help="with --trace: also write every request's record here (JSON)")
 
 
+def add_sim_parser(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("sim", help="the fleet in a discrete-event model, calibrated from the engine's step costs")
+    actions = s.add_subparsers(dest="action", required=True)
+    cal = actions.add_parser("calibrate", help="measure this machine's step costs on the real model and fit them (1-3 min)")
+    cal.add_argument("-o", "--out", default="step-cost.json", help="where to write the fit (default step-cost.json)")
+    cal.add_argument("-t", "--threads", type=int, default=1, help="llama.cpp threads, as each replica's -t (default 1)")
+    check = actions.add_parser("check", help="real fleets of N replicas against the model, on the same trace (minutes)")
+    check.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 3], help="fleet sizes (default 1 2 3)")
+    check.add_argument("--cores", type=float, default=None, help="cores the replicas share in the model (default: this machine's)")
+    cap = actions.add_parser("capacity", help="replicas for a TTFT p99 SLO at scale, per policy and cost curve (model only)")
+    cap.add_argument("--users", type=int, default=2000, help="conversations in the scaled trace (default 2000)")
+    cap.add_argument("--rate", type=float, default=20.0, help="conversations starting per second (default 20)")
+    cap.add_argument("--slo", type=float, default=1.0, help="TTFT p99 target in seconds (default 1)")
+    cap.add_argument("--curve", nargs="+", default=["cpu", "gpu-like"], choices=("cpu", "gpu-like"), help="step cost curves")
+    for p in (check, cap):
+        p.add_argument("--policy", nargs="+", default=None, help="router policies (default: all five; check: cache_aware)")
+        p.add_argument("--cost", default=None, help="a calibration JSON (default: the one shipped, measured on a 2-core VM)")
+        p.add_argument("--seed", type=int, default=0, help="the trace's seed (default 0)")
+
+
 def serve_sequential(args: argparse.Namespace) -> None:
     import uvicorn
 
@@ -456,6 +480,30 @@ def fleet_command(args: argparse.Namespace) -> int:
         return 130
 
 
+def sim_command(args: argparse.Namespace) -> int:
+    with course_imports("sim"):
+        from llmkit.course import sim, trace
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    if args.action == "calibrate":
+        cost = sim.measure(threads=args.threads)
+        cost.save(args.out)
+        print(sim.describe(cost), f"written: {args.out}", sep="\n")
+        return 0
+    cost = sim.StepCost.load(args.cost) if args.cost else sim.StepCost.load()
+    if args.action == "check":
+        rows = [
+            r
+            for p in args.policy or ["cache_aware"]
+            for r in sim.compare(trace.make_trace(args.seed), args.replicas, p, cost=cost, cores=args.cores)
+        ]
+        print(sim.table(rows))
+    else:
+        users = sim.scaled_trace(args.users, args.rate, args.seed)
+        print(sim.capacity_markdown(sim.capacity_table(users, args.policy or list(sim.POLICIES), args.slo, args.curve, cost=cost)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
@@ -472,6 +520,8 @@ def main(argv: list[str] | None = None) -> int:
             return upstream_command(args)
         elif args.command == "fleet":
             return fleet_command(args)
+        elif args.command == "sim":
+            return sim_command(args)
     except models.ModelFileError as exc:
         print(f"llmkit: error: {exc}", file=sys.stderr)
         return 2

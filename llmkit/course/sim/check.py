@@ -1,0 +1,150 @@
+"""The model against the real fleet: the same seeded trace through N slot servers behind vllm-router, and through the
+model of them; TTFT p50 and p99 and tokens/s side by side, with the model's error in %.
+
+    rows = compare(make_trace(seed=0), replicas=(1, 2, 3), cost=StepCost.load(), cores=2)
+    print(table(rows))
+
+A measurement, not a test: it starts real fleets (``llmkit.course.fleet``), ~2 minutes per replica count on 2 cores.
+The command that reruns it (on a quiet machine, calibrated there first):
+
+    python -m llmkit sim calibrate -o cost.json && python -m llmkit sim check --cost cost.json --replicas 1 2 3
+
+The model is given what the replay measured of each answer's length (``answer_lengths``): it predicts time, not what
+the model writes. Replicas share the machine's cores (``cores``): three replicas at ``-t 1`` on two cores cannot each
+run at their solo speed, and the model slows every step by ``(busy + background) / cores`` when the replicas stepping
+at once and the machine's other busy threads (``background``: sampled while the real fleet runs, ``Background``)
+outnumber the cores (``replica.Cores``). On a machine shared with other work that background is the model's largest
+uncertainty: near saturation, 4 or 6 other busy threads move the TTFT p50 several-fold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmkit.course.sim.cost import Cost, StepCost
+from llmkit.course.sim.replica import Cores
+from llmkit.course.sim.run import Answers, SimResult, answer_lengths, simulate
+from llmkit.course.trace import Record, Summary, Trace, summarize
+
+METRICS = ("ttft_p50", "ttft_p99", "tokens_per_s", "cache_hit")
+
+
+@dataclass
+class Comparison:
+    replicas: int
+    policy: str
+    real: Summary
+    sim: Summary
+    background: float = 0.0  # other programs' runnable threads while the real fleet ran (the model's Cores.background)
+    records: list[Record] = field(default_factory=list)  # the real replay's, request by request ...
+    sim_records: list[Record] = field(default_factory=list)  # ... and the model's
+
+    def error(self, metric: str) -> float:
+        """(simulated - real) / real, in %."""
+        real, sim = getattr(self.real, metric), getattr(self.sim, metric)
+        return 100 * (sim - real) / real if real else math.nan
+
+
+def runnable_threads(pids: Sequence[int]) -> int:
+    """Threads of these processes running or ready to run now (state R in ``/proc/PID/task/TID/stat``)."""
+    n = 0
+    for pid in pids:
+        for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+            with contextlib.suppress(OSError, IndexError):
+                n += stat.read_text().rsplit(")", 1)[1].split()[0] == "R"
+    return n
+
+
+class Background(threading.Thread):
+    """While a real fleet runs: ten times a second, the machine's runnable threads that are not the replicas'
+    (``/proc/loadavg``'s running count, less the replicas' and this sampler): everything else that competes with the
+    replicas' steps for the cores, the router and the replaying client included. Their mean is the model's
+    ``Cores.background`` (a load average taken before the run would miss what starts during it)."""
+
+    def __init__(self, replica_pids: Sequence[int]):
+        super().__init__(daemon=True)
+        self.pids, self.done = list(replica_pids), threading.Event()
+        self.samples: list[int] = []
+
+    def run(self) -> None:
+        while not self.done.wait(0.1):
+            running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+            self.samples.append(max(0, running - 1 - runnable_threads(self.pids)))
+
+    @property
+    def mean(self) -> float:
+        return sum(self.samples) / len(self.samples) if self.samples else os.getloadavg()[0]
+
+
+def real_fleet(trace: Trace, replicas: int, policy: str, max_tokens: int) -> tuple[list[Record], float]:
+    """The trace through a real fleet; and the other programs' runnable threads meanwhile (``Background``)."""
+    from llmkit.course import fleet
+
+    with fleet.start(replicas, "slots", policy) as running:
+        background = Background([replica.process.pid for replica in running.replicas])
+        background.start()
+        try:
+            return fleet.run_trace(running, trace, max_tokens=max_tokens), background.mean
+        finally:
+            background.done.set()
+
+
+def modelled(trace: Trace, records: Sequence[Record], replicas: int, policy: str, cost: Cost, cores: Cores, max_tokens: int) -> SimResult:
+    """The model of the fleet that produced ``records``, its answers as long as theirs."""
+    answers = Answers(max_tokens, answer_lengths(records))
+    return simulate(trace, replicas, policy, cost=cost, cores=cores.cores, background=cores.background, answers=answers)
+
+
+def compare(
+    trace: Trace,
+    replicas: Sequence[int] = (1, 2, 3),
+    policy: str = "cache_aware",
+    *,
+    cost: Cost | None = None,
+    cores: float | None = None,
+    max_tokens: int = 24,
+) -> list[Comparison]:
+    """Each replica count: the real fleet's replay, then the model's (``cores``: this machine's, by default; its
+    background: the other programs' runnable threads measured while the real fleet ran)."""
+    cost = cost or StepCost.load()
+    cores = cores or os.cpu_count()
+    rows = []
+    for n in replicas:
+        records, background = real_fleet(trace, n, policy, max_tokens)
+        sim = modelled(trace, records, n, policy, cost, Cores(cores, background), max_tokens)
+        rows.append(Comparison(n, policy, summarize(records), sim.summary, background, records, sim.records))
+    return rows
+
+
+def table(rows: Sequence[Comparison]) -> str:
+    """Markdown: per replica count, each metric real / simulated / error."""
+    head = "| replicas | policy | " + " | ".join(f"{m} real | sim | err %" for m in METRICS) + " |"
+    lines = [head, "|" + "---|" * (2 + 3 * len(METRICS))]
+    for row in rows:
+        cells = []
+        for m in METRICS:
+            scale = 1000 if m.startswith("ttft") else 1
+            cells += [f"{getattr(row.real, m) * scale:.3g}", f"{getattr(row.sim, m) * scale:.3g}", f"{row.error(m):+.0f}"]
+        lines.append(f"| {row.replicas} | {row.policy} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_check(rows: Sequence[Comparison], axes: Any = None) -> Any:
+    """Real and simulated TTFT p50, p99 and tokens/s by fleet size, side by side."""
+    import matplotlib.pyplot as plt
+
+    axes = axes if axes is not None else plt.subplots(1, 3, figsize=(11, 3.5))[1]
+    sizes = [row.replicas for row in rows]
+    for ax, metric in zip(axes, METRICS[:3], strict=True):
+        ax.plot(sizes, [getattr(r.real, metric) for r in rows], "o-", label="real fleet")
+        ax.plot(sizes, [getattr(r.sim, metric) for r in rows], "s--", label="model")
+        ax.set(title=metric, xlabel="replicas", xticks=sizes)
+    axes[0].legend()
+    return axes

@@ -1,0 +1,124 @@
+"""The fleet model (llmkit.course.sim): model-free and fast, but for one slow test of the calibration on the real model."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from llmkit.course.sim.capacity import replicas_for_slo
+from llmkit.course.sim.cost import CALIBRATION, GpuLikeCost, Point, StepCost, fit, pairs
+from llmkit.course.sim.router import BLOCK, HeldBlocks, RadixTree, block_keys
+from llmkit.course.sim.run import Answers, chat_tokens, simulate
+from llmkit.course.trace import make_trace
+
+# A cost model of round numbers (not the shipped fit: the tests hold whatever a re-calibration gives)
+COST = StepCost(base=0.004, per_prompt=0.002, per_generated=0.008, per_context=0.0002, state_per_token=1e-6)
+
+
+def test_a_fit_recovers_the_costs_it_was_made_from_and_says_which_terms_matter():
+    rng = random.Random(0)
+    points = []
+    for _ in range(200):
+        n_prompt, n_generated, context = rng.choice([0, rng.randrange(1, 2048)]), rng.randrange(0, 5), rng.uniform(0, 500)
+        seconds = COST(n_prompt, n_generated or (n_prompt == 0), context) * rng.uniform(0.97, 1.03)
+        points.append(Point(n_prompt, n_generated or (n_prompt == 0), context, seconds))
+    cost = fit(points)
+    for term in ("base", "per_prompt", "per_generated", "per_context"):
+        assert getattr(cost, term) == pytest.approx(getattr(COST, term), rel=0.15), term
+    assert cost.error["median"] < 0.03
+    assert cost.terms["per_prompt"] > 3 * cost.error["median"]  # without the prompt term the fit is far worse
+
+
+def test_the_shipped_calibration_reproduces_its_own_points_within_its_stated_error():
+    cost = StepCost.load(CALIBRATION)
+    errors = abs(cost.relative_errors())
+    assert len(cost.points) >= 50
+    assert sorted(errors)[len(errors) // 2] == pytest.approx(cost.error["median"], rel=0.05, abs=1e-3)
+    assert cost.error["median"] < 0.35  # noisy on a shared 2-core machine, but a fit
+    assert cost.per_prompt > 0 and cost.per_generated > 0
+
+
+def test_the_gpu_like_curve_is_flat_to_its_knee_then_linear():
+    gpu = GpuLikeCost(flat=0.01, knee=256)
+    assert gpu(0, 1, 0) == gpu(200, 56, 0) == 0.01
+    assert gpu(512, 0, 0) == pytest.approx(0.02)
+    assert pairs(3, 10) == 10 + 11 + 12 + 3
+
+
+def test_the_simulation_is_deterministic_for_a_seed():
+    trace = make_trace(seed=1, conversations=8)
+    runs = [simulate(trace, 2, "power_of_two", cost=COST, seed=s).records for s in (0, 0, 1)]
+    assert runs[0] == runs[1]
+    assert [r.replica for r in runs[0]] != [r.replica for r in runs[2]]  # the seed draws power_of_two's pairs
+
+
+def test_more_replicas_answer_sooner_at_the_same_load():
+    trace = make_trace(seed=2, conversations=30, rate=2.0, think=0.5)
+    p99 = [simulate(trace, n, "round_robin", cost=COST).summary.ttft_p99 for n in (1, 2, 4)]
+    p50 = [simulate(trace, n, "round_robin", cost=COST).summary.ttft_p50 for n in (1, 2, 4)]
+    assert p99[0] > p99[1] > p99[2] and p50[0] > p50[2]
+
+
+def test_shared_cores_slow_replicas_that_step_at_once():
+    trace = make_trace(seed=3, conversations=16, rate=1.0)
+    alone, shared = (simulate(trace, 3, "round_robin", cost=COST, cores=c).summary for c in (None, 1))
+    assert shared.ttft_p50 > 1.3 * alone.ttft_p50
+
+
+def test_prefix_aware_policies_find_more_of_the_prompt_cached_than_round_robin():
+    trace = make_trace(seed=4, tenants=6, conversations=40, rate=1.0)
+    hit = {p: simulate(trace, 3, p, cost=COST).summary.cache_hit for p in ("round_robin", "cache_aware", "kv_aware")}
+    assert hit["cache_aware"] > hit["round_robin"] + 0.05
+    assert hit["kv_aware"] > hit["round_robin"] + 0.05
+
+
+def test_a_turn_on_the_replica_of_the_last_one_reads_only_what_is_new():
+    trace = make_trace(seed=5, conversations=1, turns=3)
+    records = simulate(trace, 1, "round_robin", cost=COST, answers=Answers(max_tokens=8)).records
+    conversation = trace.conversations[0]
+    for turn in (1, 2):
+        said = [" ".join(Answers(max_tokens=8).words(conversation.id, t)) for t in range(turn)]
+        last = chat_tokens(trace.messages(conversation, said[:-1]))
+        # the last prompt and the answer decoded after it (the last sampled token is never decoded) are in the cache
+        assert records[turn].cached_tokens == len(last) + 8 - 1
+
+
+def test_the_radix_tree_matches_each_replicas_longest_sent_prefix():
+    tree = RadixTree()
+    tree.insert([1, 2, 3, 4], 0)
+    tree.insert([1, 2, 5], 1)
+    tree.insert([1, 2, 3, 9], 1)
+    assert tree.match([1, 2, 3, 4, 7]) == {0: 4, 1: 3}
+    assert tree.match([1, 2, 5, 6]) == {0: 2, 1: 3}
+    assert tree.match([8]) == {}
+
+
+def test_kv_aware_sees_exactly_what_each_replica_holds():
+    trace = make_trace(seed=6, tenants=3, conversations=20, rate=1.0)
+    replicas = simulate(trace, 2, "kv_aware", cost=COST).fleet.replicas
+    for replica in replicas:
+        fresh = HeldBlocks()
+        fresh.sync(replica.slots, replica.cache)
+        assert replica.held is not None and replica.cache is not None
+        assert +replica.held.device == +fresh.device and +replica.held.host == +fresh.host
+        assert sum(fresh.host.values()) == sum(len(e.tokens) // BLOCK for e in replica.cache.entries) > 0
+    assert block_keys(list(range(40)))[:2] == block_keys(list(range(32)))
+
+
+def test_the_capacity_search_returns_the_fewest_replicas_that_meet_the_slo():
+    trace = make_trace(seed=7, conversations=40, rate=4.0, think=0.5)
+    found = replicas_for_slo(trace, "round_robin", slo=1.5, cost=COST)
+    assert found.replicas > 1
+    assert found.tried[found.replicas].ttft_p99 < 1.5
+    assert found.tried[found.replicas - 1].ttft_p99 >= 1.5 or found.replicas - 1 not in found.tried
+
+
+@pytest.mark.slow
+def test_calibration_measures_the_real_engine():
+    from llmkit.course.sim.cost import measure
+
+    cost = measure(scale=0.05)
+    assert len(cost.points) > 30
+    assert cost(128, 0, 10) > cost(0, 1, 0) > 0
+    assert cost.state_per_token > 0
