@@ -1,11 +1,11 @@
-"""Chapter 4 (concurrency): a chunked prompt's steps, more requests than slots, a long prompt alone, your own prompt order."""
+"""Chapter 4 (concurrency): a chunked prompt's steps, more requests than slots, a long prompt alone, a policy of your own."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any, cast
-from unittest import mock
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, cast
 
 import httpx
 
@@ -14,39 +14,39 @@ from llmkit.course.exercises import expect
 from llmkit.course.exercises.core import ENGINE, HIDDEN, LIVE, Chapter, Guard, Wrong, call
 from llmkit.course.exercises.lab import LAB, metric, quiet_engine
 from llmkit.engine.job import Job
-from llmkit.engine.request import Request, Status
-from llmkit.engine.scheduler import Chunk, build_batch
+from llmkit.engine.request import Request, RequestParams
+from llmkit.engine.scheduler import Chunk, LlamaServerPolicy, Running, build_batch
 from llmkit.engine.slot import Slot
 from llmkit.text import Detokenizer, StopMatcher
 
 CHAPTER = Chapter(4)
 
 
-def busy_slot(slot_id: int, status: Status, n_prompt: int, *, n_ctx: int = 1024) -> Slot:
-    """A slot running a request with an ``n_prompt``-token prompt: reading it (``Status.PROMPT``) or generating."""
+def busy_slot(slot_id: int, generating: bool, n_prompt: int, *, n_ctx: int = 1024) -> tuple[Slot, Job]:
+    """A slot and the job on it, for a request with an ``n_prompt``-token prompt: still to read, or read and generating."""
     slot, request = Slot(slot_id, n_ctx), Request(list(range(100 + 1000 * slot_id, 100 + 1000 * slot_id + n_prompt)))
-    request.status = status
-    n_done = n_prompt if status is Status.GENERATING else 0
-    slot.job = Job(request, slot, cast(Any, None), Detokenizer(bytes), StopMatcher(), n_done)  # no sampler: nothing samples here
-    if status is Status.GENERATING:
-        slot.cache_tokens, slot.job.last_token = list(request.prompt), 7
-    return slot
+    job = Job(request, cast(Any, None), Detokenizer(bytes), StopMatcher(), request.prompt, n_prompt if generating else 0)  # no sampler
+    slot.job = job
+    if generating:
+        slot.append(request.prompt)
+        job.last_token = 7
+    return slot, job
 
 
 def commit(plan: list[Chunk]) -> None:
     """What ``Engine.commit`` does once the decode has succeeded."""
     for chunk in plan:
-        chunk.job.slot.cache_tokens.extend(chunk.tokens)
-        chunk.job.n_prompt_done += len(chunk.tokens) if chunk.is_prompt else 0
+        chunk.slot.append(chunk.tokens)
+        if chunk.is_prompt:
+            chunk.job.read(len(chunk.tokens))
 
 
 def prompt_steps(n_streams: int, budget: int = 64, n_prompt: int = 300) -> list[int]:
     """The prompt tokens of each step until a newcomer's prompt is read, beside ``n_streams`` generating slots."""
-    slots = [busy_slot(i, Status.GENERATING, 5) for i in range(n_streams)] + [busy_slot(n_streams, Status.PROMPT, n_prompt)]
-    newcomer, steps = slots[-1].job, []
-    assert newcomer is not None
+    busy = [busy_slot(i, True, 5) for i in range(n_streams)] + [busy_slot(n_streams, False, n_prompt)]
+    newcomer, steps = busy[-1][1], []
     while newcomer.n_prompt_done < n_prompt:
-        plan = build_batch(slots, 512, budget)
+        plan = build_batch(busy, 512, budget)
         commit(plan)
         steps.append(sum(len(chunk.tokens) for chunk in plan if chunk.is_prompt))
     return steps
@@ -78,8 +78,9 @@ def six_on_two() -> tuple[int, int]:
         for r in six:
             r.result()
         widest = max(s.n_slots for s in engine.steps)
-    first_end = min(r.t_first + r.timings.predicted_ms / 1e3 for r in six)
-    return widest, sum(r.t_start > first_end for r in six)
+    outcomes = [r.outcome for r in six if r.outcome is not None]
+    first_end = min(o.t_end for o in outcomes)
+    return widest, sum(o.t_start > first_end for o in outcomes)
 
 
 @CHAPTER.exercise(2, answers=("widest", "waited"), compares=(LIVE,), writes="two counts: slots in the widest step, requests that waited")
@@ -130,128 +131,136 @@ def q3(decodes_alone) -> str:
     return tr("measured on the three servers just now: {decodes}", decodes=shown)
 
 
-# --- exercise 4: your own prompt order --------------------------------------------------------------------------
+# --- exercise 4: a policy of your own --------------------------------------------------------------------------------
 
 
-def reference_order(slots: list[Slot], capacity: int, budget: int = 0) -> list[Chunk]:
-    """The reference: ``build_batch``'s plan, its prompts taken fewest tokens left first (ties: the oldest request)."""
-    plan = [chunk for chunk in build_batch(slots, capacity, budget) if not chunk.is_prompt]  # the streams, as llmkit's
-    n_tokens = sum(len(chunk.tokens) for chunk in plan)
-    n_drafted = n_tokens - len(plan)
-    limit = min(budget + n_drafted if budget else capacity, capacity) if plan else capacity
-    prompts = [s.job for s in slots if s.job is not None and s.job.request.status is Status.PROMPT]
-    for job in sorted(prompts, key=lambda job: (len(job.prompt_left), job.request.id)):
-        room = limit - n_tokens
-        if room <= 0:
-            break
-        tokens = job.prompt_left[:room]
-        last = job.n_prompt_done + len(tokens) == len(job.request.prompt)
-        n_tokens += len(tokens)
-        plan.append(Chunk(job, tokens, job.slot.n_past, n_tokens - 1 if last else -1, True))
-    return plan
+def tokens_asked(request: Request) -> float:
+    """The key of the reference: max_tokens, fewest first; no limit (-1) last."""
+    return math.inf if request.params.max_tokens < 0 else request.params.max_tokens
 
 
-def layout(streams: int, prompts: list[int], done: list[int] | None = None) -> list[Slot]:
-    """Slots: ``streams`` generating, then one reading each prompt (``done``: tokens of it already read)."""
-    slots = [busy_slot(i, Status.GENERATING, 5) for i in range(streams)]
-    for k, n in enumerate(prompts):
-        slot = busy_slot(streams + k, Status.PROMPT, n)
-        if done and done[k]:
-            assert slot.job is not None
-            slot.job.n_prompt_done = done[k]
-            slot.cache_tokens = list(slot.job.request.prompt[: done[k]])
-        slots.append(slot)
-    return slots
+@dataclass(frozen=True)
+class ReferenceFewTokensFirst(LlamaServerPolicy):
+    """The reference: requests asking for the fewest tokens first, in the queue and in a step; no limit last; ties: arrival."""
+
+    name: ClassVar[str] = "few-tokens-first"
+
+    def order(self, waiting: Sequence[Request], slots: Sequence[Slot]) -> list[Request]:
+        return sorted(waiting, key=lambda r: (tokens_asked(r), r.id))
+
+    def prompt_order(self, reading: Sequence[Running]) -> list[Running]:
+        return sorted(reading, key=lambda running: (tokens_asked(running[1].request), running[1].request.id))
 
 
-# (what the case is, the slots, capacity, budget): none of them is in the notebook
-CASES: list[tuple[str, Callable[[], list[Slot]], int, int]] = [
-    ("two prompts, the shorter second, no stream, no budget", lambda: layout(0, [300, 40]), 512, 0),
-    ("two prompts beside one stream, budget 64", lambda: layout(1, [200, 30]), 512, 64),
-    ("three prompts beside two streams, budget 32", lambda: layout(2, [90, 10, 50]), 512, 32),
-    ("a prompt half read is now the shorter one, budget 64", lambda: layout(1, [100, 80], done=[60, 0]), 512, 64),
-    ("equal lengths: the older request first, budget 16", lambda: layout(1, [40, 40]), 512, 16),
-    ("a batch smaller than the prompts, no stream", lambda: layout(0, [700, 600]), 256, 0),
+def asking(*limits: int) -> list[Request]:
+    """Requests in arrival order, each asking for ``limit`` tokens."""
+    return [Request([1, 2, 3], RequestParams(max_tokens=limit)) for limit in limits]
+
+
+def reading(*limits: int) -> list[Running]:
+    """Jobs reading their prompts, in slot order, each asking for ``limit`` tokens."""
+    pairs = []
+    for i, limit in enumerate(limits):
+        slot, job = busy_slot(i, False, 10 + 5 * i)
+        job.request.params = RequestParams(max_tokens=limit)
+        pairs.append((slot, job))
+    return pairs
+
+
+# (what the case is, what the requests ask for): none of them is in the notebook
+ORDER_CASES = [
+    ("four requests, the second asks least", (64, 4, 16, 32)),
+    ("a tie: arrival decides", (8, 8, 2, 8)),
+    ("no limit (-1) goes last", (-1, 16, 1)),
+    ("one request", (5,)),
+    ("none", ()),
 ]
+PROMPT_CASES = [("three prompts, the last asks least", (30, 20, 10)), ("a tie and no limit", (-1, 5, 5)), ("one prompt", (7,))]
 
 
-def plan_of(plan: list[Chunk]) -> list[tuple[int, int, int, int, bool]]:
-    return [(c.job.slot.id, len(c.tokens), c.pos, c.i_logits, c.is_prompt) for c in plan]
+def check_policy(policy: Any) -> None:
+    reference = ReferenceFewTokensFirst()
+    for case, limits in ORDER_CASES:
+        waiting = asking(*limits)
+        yours = call(policy.order, list(waiting), [], case=case)
+        if not isinstance(yours, list) or sorted(id(r) for r in yours) != sorted(id(r) for r in waiting):
+            raise Wrong(tr("{case}: order should return the same requests, reordered; got {got}", case=case, got=expect.shown(yours)))
+        position = {id(r): i for i, r in enumerate(waiting)}
+        if [position[id(r)] for r in yours] != [position[id(r)] for r in reference.order(waiting, [])]:
+            got = [r.params.max_tokens for r in yours]
+            raise Wrong(tr("{case}: order gives the requests asking for {got} tokens, in that order: not fewest first", case=case, got=got))
+    for case, limits in PROMPT_CASES:
+        jobs = reading(*limits)
+        yours = call(policy.prompt_order, list(jobs), case=case)
+        if not isinstance(yours, list) or not all(isinstance(r, tuple) and len(r) == 2 for r in yours):
+            raise Wrong(tr("{case}: prompt_order should return (slot, job) pairs; got {got}", case=case, got=expect.shown(yours)))
+        if [slot.id for slot, _ in yours] != [slot.id for slot, _ in reference.prompt_order(jobs)]:
+            got = [job.request.params.max_tokens for _, job in yours]
+            raise Wrong(
+                tr("{case}: prompt_order reads the prompts asking for {got} tokens, in that order: not fewest first", case=case, got=got)
+            )
 
 
-def steps_until_read(rule: Callable[..., list[Chunk]], make: Callable[[], list[Slot]], capacity: int, budget: int, case: str) -> list:
-    """Every step's plan, committed, until every prompt is read (the rule is the learner's: their errors are theirs)."""
-    slots, plans = make(), list[list[tuple[int, int, int, int, bool]]]()
-    while any(s.job is not None and s.job.request.status is Status.PROMPT and s.job.prompt_left for s in slots) and len(plans) < 100:
-        plan = call(rule, slots, capacity, budget, case=case)
-        if not isinstance(plan, list) or not all(isinstance(c, Chunk) for c in plan):
-            raise Wrong(tr("{case}: the plan should be a list of Chunk, not {got}", case=case, got=expect.shown(plan)))
-        plans.append(plan_of(plan))
-        commit(plan)
-        for slot in slots:
-            if slot.job is not None and not slot.job.prompt_left:
-                slot.job.request.status = Status.GENERATING  # read: it generates from the next step on
-    return plans
+class GuardedPolicy:
+    """The learner's policy where the engine calls it: its methods' first error is kept by ``guard``."""
+
+    name: ClassVar[str] = "yours"
+
+    def __init__(self, inner: Any, guard: Guard):
+        self.inner, self.guard = inner, guard
+
+    def order(self, waiting: Sequence[Request], slots: Sequence[Slot]) -> list[Request]:
+        return list(self.guard.wrap(self.inner.order)(waiting, slots))
+
+    def choose_slot(self, slots: Sequence[Slot], request: Request, tokens: list[int]) -> Slot | None:
+        return self.guard.wrap(self.inner.choose_slot)(slots, request, tokens)
+
+    def victim(self, slots: Sequence[Slot], request: Request) -> Slot | None:
+        return self.guard.wrap(self.inner.victim)(slots, request)
+
+    def prompt_order(self, reading: Sequence[Running]) -> list[Running]:
+        return list(self.guard.wrap(self.inner.prompt_order)(reading))
 
 
-@contextmanager
-def prompt_order(rule: Callable[..., list[Chunk]]) -> Iterator[None]:
-    """The engine plans its steps with ``rule`` while the block runs (``Engine.update_slots`` calls ``build_batch``)."""
-    with mock.patch("llmkit.engine.engine.build_batch", rule):
-        yield
+LIMITS = (12, 2, 40, 6)  # what the four waiting requests ask for, in arrival order
 
 
-def first_token_steps(rule: Callable[..., list[Chunk]], guard: Guard | None = None) -> list[int]:
-    """In a real engine stepped by hand, a stream running: a 300-token prompt arrives, then two of 20 at once. The step
-    (counted from their arrival) of each newcomer's first token."""
+def start_order(policy: Any, guard: Guard | None = None) -> list[int]:
+    """A real engine with one slot, a stream on it; four requests wait (asking for LIMITS tokens): the order they got
+    the slot in, as indexes into LIMITS."""
     from llmkit.engine import Engine, EngineConfig
-    from llmkit.engine.request import RequestParams
+    from llmkit.engine.request import Status
 
-    config = EngineConfig(n_parallel=4, n_ctx=4 * 512, n_threads=1, step_tokens=64, cache_ram_mib=0)
-    with quiet_engine(), prompt_order(rule), Engine(LAB.model(), config, start=False) as engine:
+    config = EngineConfig(n_parallel=1, n_ctx=1024, n_threads=1, cache_ram_mib=0, policy=policy)
+    with quiet_engine(), Engine(LAB.model(), config, start=False) as engine:
         tokenize = engine.model.tokenize
-        stream = engine.submit(tokenize("Once upon a time"), RequestParams.of(max_tokens=40, ignore_eos=True, temperature=0))
-        for _ in range(20):
-            if stream.output or stream.done:
+        stream = engine.submit(tokenize("Once upon a time"), RequestParams.of(max_tokens=4, ignore_eos=True, temperature=0))
+        engine.step()
+        waiting = [engine.submit(tokenize(f"Question {i}: name a river."), RequestParams.of(max_tokens=n, ignore_eos=True, temperature=0))
+                   for i, n in enumerate(LIMITS)]  # fmt: skip
+        started: list[int] = []
+        for _ in range(200):
+            if all(r.done for r in [stream, *waiting]):
                 break
             engine.step()
-        texts = ["Ship logs: " + "the tide came in and went out again. " * 40, "Name a colour.", "Name a river."]
-        params = RequestParams.of(max_tokens=2, ignore_eos=True, temperature=0)
-        newcomers = [engine.submit(tokenize(text)[: 300 if i == 0 else 20], params) for i, text in enumerate(texts)]
-        firsts, step = [0, 0, 0], 0
-        while not all(r.done for r in newcomers) and step < 100:
-            engine.step()
-            step += 1
-            firsts = [first or (step if r.output or r.done else 0) for first, r in zip(firsts, newcomers, strict=True)]
-        stream.cancel()
-        engine.step()  # the stream leaves its slot
-        if guard is not None:
-            guard.raise_first()
-        failed = [r.error for r in newcomers if r.error is not None]
-        if failed:
-            raise Wrong(tr("in the engine, a request failed with your plans: {error}", error=failed[0]))
-    return firsts
+            if guard is not None:
+                guard.raise_first()
+            started += [i for i, r in enumerate(waiting) if r.status is not Status.WAITING and i not in started]
+    return started
 
 
 @CHAPTER.exercise(
-    4, answers=("shortest_first",), compares=(HIDDEN, ENGINE), writes="build_batch with the shortest prompt first (a function)"
+    4, answers=("FewTokensFirst",), compares=(HIDDEN, ENGINE), writes="a scheduling policy (a class): fewest tokens asked first"
 )
-def q4(shortest_first) -> str:
-    rule = expect.function("shortest_first", shortest_first, 3)
-    for case, make, capacity, budget in CASES:
-        yours = steps_until_read(rule, make, capacity, budget, case)
-        expected = steps_until_read(reference_order, make, capacity, budget, case)
-        for k, (a, b) in enumerate(zip(yours, expected, strict=False), 1):
-            if a != b:
-                raise Wrong(tr("{case}: step {k} differs (slot, tokens, position, logits row, prompt?): yours {yours}",
-                               case=case, k=k, yours=a))  # fmt: skip
-        if len(yours) != len(expected):
-            raise Wrong(tr("{case}: your plans read the prompts in {n} steps, a different number", case=case, n=len(yours)))
+def q4(FewTokensFirst) -> str:
+    cls = expect.klass("FewTokensFirst", FewTokensFirst)
+    policy = call(cls, case=tr("making your policy"))
+    check_policy(policy)
     guard = Guard(tr("in the engine"))
-    yours = first_token_steps(guard.wrap(rule), guard)
-    reference, oldest_first = LAB.memo("ch4-first-tokens", lambda: (first_token_steps(reference_order), first_token_steps(build_batch)))
+    yours = start_order(GuardedPolicy(policy, guard), guard)
+    reference, fifo = LAB.memo("ch4-start-order", lambda: (start_order(ReferenceFewTokensFirst()), start_order(LlamaServerPolicy())))
     if yours != reference:
-        raise Wrong(tr("in the engine, the first tokens came at steps {yours}: not those of the shortest-first rule", yours=yours))
-    return tr("in a real engine the two short prompts got their first token at steps {short} (oldest first: {oldest}), "
-              "the long one at step {long} (oldest first: {long_oldest})", short=yours[1:], oldest=oldest_first[1:], long=yours[0],
-              long_oldest=oldest_first[0])  # fmt: skip
+        raise Wrong(tr("in the engine, the waiting requests got the slot in the order {yours} (as the tokens they asked for): "
+                       "not fewest first", yours=[LIMITS[i] for i in yours]))  # fmt: skip
+    return tr("in a real engine with one slot, the waiting requests started in the order {yours} of the tokens they asked for "
+              "(llama-server's policy: {fifo})", yours=[LIMITS[i] for i in yours], fifo=[LIMITS[i] for i in fifo])  # fmt: skip

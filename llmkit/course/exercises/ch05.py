@@ -14,7 +14,7 @@ from llmkit.course.exercises import expect
 from llmkit.course.exercises.core import ENGINE, HIDDEN, LIVE, LLAMA, Chapter, Guard, Wrong, call
 from llmkit.course.exercises.lab import LAB, quiet_engine, wait
 from llmkit.engine.prompt_cache import MIB, MIN_KEEP, PromptCache
-from llmkit.engine.request import Request
+from llmkit.engine.request import RequestParams
 from llmkit.engine.scheduler import choose_slot
 from llmkit.engine.slot import Slot, common_prefix
 
@@ -30,7 +30,7 @@ def keeps_slot(k: int, n: int) -> bool:
     shared = list(range(1000, 1000 + k))
     slots[1].cache_tokens = [*shared, *range(5000, 5050)]  # the shared prefix, then tokens the prompt does not have
     slots[0].t_last_used, slots[1].t_last_used = 1.0, 2.0
-    return choose_slot(slots, Request([*shared, *range(9000, 9000 + n - k)])) is slots[1]
+    return choose_slot(slots, RequestParams(), [*shared, *range(9000, 9000 + n - k)]) is slots[1]
 
 
 def smallest_kept(n: int) -> int:
@@ -244,7 +244,8 @@ def engine_cache_n(rule: Callable | None, guard: Guard | None = None) -> list[in
                 guard.raise_first()
             if request.error is not None:
                 raise Wrong(tr("in the engine, a request failed: {error}", error=request.error))
-            out.append(request.timings.cache_n)
+            assert request.outcome is not None
+            out.append(request.outcome.n_cached)
         return out
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from unittest import mock
+from dataclasses import dataclass
 
 import httpx
 
@@ -17,6 +16,7 @@ from llmkit.course.exercises import expect
 from llmkit.course.exercises.core import ENGINE, HIDDEN, LIVE, LLAMA, SOURCE, Chapter, Guard, Wrong, call
 from llmkit.course.exercises.lab import LAB, metric, quiet_engine, slot_of, wait
 from llmkit.engine.request import Request, RequestParams
+from llmkit.engine.scheduler import LlamaServerPolicy
 from llmkit.engine.slot import Slot, common_prefix
 
 CHAPTER = Chapter(7)
@@ -146,12 +146,11 @@ def measured_decodes() -> list[tuple[str, int, int, int]]:
 def plan_steps(n_prompt: int, n_batch: int) -> int:
     """llmkit's build_batch, live: the steps that read an ``n_prompt``-token prompt alone at batch size ``n_batch``."""
     from llmkit.course.exercises.ch04 import busy_slot, commit
-    from llmkit.engine.request import Status
     from llmkit.engine.scheduler import build_batch
 
-    slots, steps = [busy_slot(0, Status.PROMPT, n_prompt, n_ctx=n_prompt + 8)], 0
-    while slots[0].job is not None and slots[0].job.prompt_left:
-        commit(build_batch(slots, n_batch, 0))
+    busy, steps = [busy_slot(0, False, n_prompt, n_ctx=n_prompt + 8)], 0
+    while busy[0][1].prompt_left:
+        commit(build_batch(busy, n_batch, 0))
         steps += 1
     return steps
 
@@ -211,16 +210,16 @@ def q4(first_block) -> str:
 # --- exercise 5: get_available_slot in Python -------------------------------------------------------------------------
 
 
-def reference_slot(slots: list[Slot], request: Request) -> Slot | None:
+def reference_slot(slots: Sequence[Slot], params: RequestParams, tokens: list[int]) -> Slot | None:
     """llama-server's get_available_slot, line by line (similarity 0.1; no prompt cache): the slot it takes, or None."""
-    if request.params.id_slot is not None:
-        named = slots[request.params.id_slot]
+    if params.id_slot is not None:
+        named = slots[params.id_slot]
         return None if named.job is not None else named
     best, sim_best = None, 0.0
     for slot in slots:
         if slot.job is not None or not slot.cache_tokens:
             continue
-        sim = common_prefix(slot.cache_tokens, request.prompt) / len(request.prompt)
+        sim = common_prefix(slot.cache_tokens, tokens) / len(tokens)
         if sim > sim_best and sim > 0.1:
             best, sim_best = slot, sim
     if best is not None:
@@ -240,34 +239,34 @@ def idle(i: int, tokens: list[int], t_last_used: float) -> Slot:
 
 def busy(i: int, tokens: list[int]) -> Slot:
     from llmkit.course.exercises.ch04 import busy_slot
-    from llmkit.engine.request import Status
 
-    slot = busy_slot(i, Status.GENERATING, 5)
+    slot, _ = busy_slot(i, True, 5)
     slot.cache_tokens = list(tokens)
     return slot
 
 
 P = list(range(500, 600))  # a prompt of 100 tokens
-SLOT_CASES: list[tuple[str, Callable[[], list[Slot]], Callable[[], Request]]] = [
-    ("two empty slots, never used", lambda: [idle(0, [], 0.0), idle(1, [], 0.0)], lambda: Request(P)),
-    ("three empty slots, never used", lambda: [idle(0, [], 0.0), idle(1, [], 0.0), idle(2, [], 0.0)], lambda: Request(P)),
-    ("slot 0 shares 30 of 100 tokens", lambda: [idle(0, [*P[:30], 1, 2], 5.0), idle(1, [], 1.0)], lambda: Request(P)),
-    ("slot 1 shares exactly 10 of 100 tokens", lambda: [idle(0, [], 2.0), idle(1, P[:10], 1.0)], lambda: Request(P)),
-    ("slot 1 shares 11 of 100 tokens", lambda: [idle(0, [], 2.0), idle(1, P[:11], 1.0)], lambda: Request(P)),
-    ("two slots share 40 tokens each", lambda: [idle(0, [*P[:40], 7], 1.0), idle(1, [*P[:40], 8], 2.0)], lambda: Request(P)),
-    ("the slot sharing most is busy", lambda: [busy(0, P[:90]), idle(1, P[:20], 3.0), idle(2, [], 1.0)], lambda: Request(P)),
-    ("every slot busy", lambda: [busy(0, []), busy(1, P)], lambda: Request(P)),
-    ("the least recently used of three", lambda: [idle(0, [9], 3.0), idle(1, [8], 1.0), idle(2, [7], 2.0)], lambda: Request(P)),
-    ("slot 1 named, idle, sharing nothing", lambda: [idle(0, P, 1.0), idle(1, [], 2.0)], lambda: Request(P, RequestParams(id_slot=1))),
-    ("slot 0 named, busy", lambda: [busy(0, P), idle(1, P, 2.0)], lambda: Request(P, RequestParams(id_slot=0))),
+NAMED = {"": RequestParams(), "slot 1": RequestParams(id_slot=1), "slot 0": RequestParams(id_slot=0)}
+# (what the case is, the slots, which slot the request names): none of them is in the notebook
+SLOT_CASES: list[tuple[str, Callable[[], list[Slot]], str]] = [
+    ("two empty slots, never used", lambda: [idle(0, [], 0.0), idle(1, [], 0.0)], ""),
+    ("three empty slots, never used", lambda: [idle(0, [], 0.0), idle(1, [], 0.0), idle(2, [], 0.0)], ""),
+    ("slot 0 shares 30 of 100 tokens", lambda: [idle(0, [*P[:30], 1, 2], 5.0), idle(1, [], 1.0)], ""),
+    ("slot 1 shares exactly 10 of 100 tokens", lambda: [idle(0, [], 2.0), idle(1, P[:10], 1.0)], ""),
+    ("slot 1 shares 11 of 100 tokens", lambda: [idle(0, [], 2.0), idle(1, P[:11], 1.0)], ""),
+    ("two slots share 40 tokens each", lambda: [idle(0, [*P[:40], 7], 1.0), idle(1, [*P[:40], 8], 2.0)], ""),
+    ("the slot sharing most is busy", lambda: [busy(0, P[:90]), idle(1, P[:20], 3.0), idle(2, [], 1.0)], ""),
+    ("every slot busy", lambda: [busy(0, []), busy(1, P)], ""),
+    ("the least recently used of three", lambda: [idle(0, [9], 3.0), idle(1, [8], 1.0), idle(2, [7], 2.0)], ""),
+    ("slot 1 named, idle, sharing nothing", lambda: [idle(0, P, 1.0), idle(1, [], 2.0)], "slot 1"),
+    ("slot 0 named, busy", lambda: [busy(0, P), idle(1, P, 2.0)], "slot 0"),
 ]
 
 
 def check_slots(rule: Callable) -> None:
-    for case, make_slots, make_request in SLOT_CASES:
-        slots, request = make_slots(), make_request()
-        yours = call(rule, slots, request, case=case)
-        expected = reference_slot(make_slots(), make_request())
+    for case, make_slots, named in SLOT_CASES:
+        yours = call(rule, make_slots(), NAMED[named], list(P), case=case)
+        expected = reference_slot(make_slots(), NAMED[named], list(P))
         if yours is not None and not isinstance(yours, Slot):
             raise Wrong(tr("{case}: expected a Slot of the list, or None; got {got}", case=case, got=expect.shown(yours)))
         if (yours.id if yours is not None else None) != (expected.id if expected is not None else None):
@@ -275,11 +274,14 @@ def check_slots(rule: Callable) -> None:
             raise Wrong(tr("{case}: yours takes {got}, not the slot get_available_slot takes", case=case, got=got))
 
 
-@contextmanager
-def slot_rule(rule: Callable) -> Iterator[None]:
-    """The engine chooses slots with ``rule`` while the block runs (``Engine._next_admission`` calls ``choose_slot``)."""
-    with mock.patch("llmkit.engine.engine.choose_slot", rule):
-        yield
+@dataclass(frozen=True)
+class SlotRule(LlamaServerPolicy):
+    """llama-server's policy, but for the slot choice: ``rule`` (the learner's function)."""
+
+    rule: Callable[[Sequence[Slot], RequestParams, list[int]], Slot | None] = reference_slot
+
+    def choose_slot(self, slots: Sequence[Slot], request: Request, tokens: list[int]) -> Slot | None:
+        return self.rule(slots, request.params, tokens)
 
 
 def sequence_prompts() -> list[list[int]]:
@@ -299,11 +301,8 @@ def engine_slots(rule: Callable, guard: Guard | None = None) -> list[int | None]
     """The slot each request of the sequence got, one at a time, in a real engine with 2 slots and no prompt cache."""
     from llmkit.engine import Engine, EngineConfig
 
-    with (
-        quiet_engine(),
-        slot_rule(rule),
-        Engine(LAB.model(), EngineConfig(n_parallel=2, n_ctx=4096, n_threads=1, cache_ram_mib=0)) as engine,
-    ):
+    config = EngineConfig(n_parallel=2, n_ctx=4096, n_threads=1, cache_ram_mib=0, policy=SlotRule(rule))
+    with quiet_engine(), Engine(LAB.model(), config) as engine:
         chosen = []
         for prompt in sequence_prompts():
             request = engine.submit(prompt, RequestParams.of(max_tokens=1, temperature=0))
@@ -325,9 +324,9 @@ def llama_slots() -> list[int]:
 
 
 @CHAPTER.exercise(5, answers=("get_available_slot",), compares=(SOURCE, HIDDEN, ENGINE, LLAMA),
-                  writes="llama-server's slot choice in Python (a function), run in the engine and beside llama-server")  # fmt: skip
+                  writes="get_available_slot(slots, params, tokens): llama-server's slot choice (a function)")  # fmt: skip
 def q5(get_available_slot) -> str:
-    rule = expect.function("get_available_slot", get_available_slot, 2)
+    rule = expect.function("get_available_slot", get_available_slot, 3)
     check_slots(rule)
     guard = Guard(tr("in the engine"))
     yours = engine_slots(guard.wrap(rule), guard)

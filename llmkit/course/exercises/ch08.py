@@ -179,8 +179,8 @@ def check_matcher(make: Callable[[list[str]], Any]) -> None:
 
 @contextmanager
 def matcher_in_engine(make: Callable[[list[str]], Any]) -> Iterator[None]:
-    """Every job the engine starts gets ``make(stops)`` as its stop matcher while the block runs (``Slot.start``)."""
-    with mock.patch("llmkit.engine.slot.StopMatcher", lambda stops=(): make(list(stops))):
+    """Every job the engine starts gets ``make(stops)`` as its stop matcher while the block runs (``Job.start``)."""
+    with mock.patch("llmkit.engine.job.StopMatcher", lambda stops=(): make(list(stops))):
         yield
 
 
@@ -206,7 +206,7 @@ def engine_stops(make: Callable[[list[str]], Any] | None, guard: Guard | None = 
             wait(request)
             if guard is not None:
                 guard.raise_first()
-            out.append((request.text, request.stopping_word))
+            out.append((request.text, request.outcome.stopping_word if request.outcome is not None else ""))
         return out
 
 

@@ -40,9 +40,10 @@ def drafted_by_size() -> dict[int, tuple[int, int]]:
     with speculating() as engine:
         for size_n in (12, 2):
             engine.drafter = NgramSimple(size_n, 48)
-            r = engine.complete(copy_of("models.py"), max_tokens=96, temperature=0, ignore_eos=True)
+            r = engine.complete(copy_of("text.py"), max_tokens=96, temperature=0, ignore_eos=True)
             r.result()
-            out[size_n] = (r.timings.draft_n, r.timings.draft_n_accepted)
+            assert r.outcome is not None
+            out[size_n] = (r.outcome.timings.draft_n, r.outcome.timings.draft_n_accepted)
     return out
 
 
@@ -52,7 +53,7 @@ def q1(more_drafted_with_2) -> str:
     measured = LAB.memo("ch9-size-n", drafted_by_size)
     expect.same("more_drafted_with_2", more_drafted_with_2, measured[2][0] > measured[12][0])
     share = {n: (a / d if d else 0.0) for n, (d, a) in measured.items()}
-    return tr("on another copy prompt just now: size_n 12 drafted {d12} tokens ({s12:.0%} accepted), size_n 2 drafted {d2} ({s2:.0%})",
+    return tr("on the COPY prompt just now: size_n 12 drafted {d12} tokens ({s12:.0%} accepted), size_n 2 drafted {d2} ({s2:.0%})",
               d12=measured[12][0], s12=share[12], d2=measured[2][0], s2=share[2])  # fmt: skip
 
 
@@ -61,7 +62,7 @@ def q1(more_drafted_with_2) -> str:
 
 def steps_by_limit() -> dict[int | None, tuple[int, int]]:
     """n_draft_max -> (steps for 48 tokens, longest draft), the prompt already cached."""
-    prompt, out = copy_of("engine/job.py"), {}
+    prompt, out = copy_of("text.py"), {}
     with speculating() as engine:
         engine.complete(prompt, max_tokens=1, temperature=0).result()
         for limit in (4, None):
@@ -79,7 +80,7 @@ def q2(longest_draft, more_steps) -> str:
     measured = LAB.memo("ch9-limit", steps_by_limit)
     expect.same("longest_draft", longest_draft, measured[4][1])
     expect.same("more_steps", more_steps, measured[4][0] > measured[None][0])
-    return tr("48 tokens of another copy prompt: {steps4} steps with n_draft_max 4, {steps} with the engine's drafts "
+    return tr("48 tokens of the COPY prompt: {steps4} steps with n_draft_max 4, {steps} with the engine's drafts "
               "(the longest {longest})", steps4=measured[4][0], steps=measured[None][0], longest=measured[None][1])  # fmt: skip
 
 
@@ -199,7 +200,8 @@ def engine_drafts(drafter: Any) -> tuple[int, int, str]:
         engine.drafter = drafter
         r = engine.complete(copy_of("engine/slot.py"), max_tokens=64, temperature=0, ignore_eos=True)
         wait(r)
-        return r.timings.draft_n, r.timings.draft_n_accepted, r.text
+        timings = r.outcome.timings if r.outcome is not None else None
+        return (timings.draft_n, timings.draft_n_accepted, r.text) if timings is not None else (0, 0, r.text)
 
 
 @CHAPTER.exercise(4, answers=("PromptLookup",), compares=(HIDDEN, ENGINE), writes="a drafter (a class), in the engine")

@@ -111,8 +111,8 @@ def wait(request: Any) -> None:
 
 
 def slot_of(request: Any) -> int | None:
-    """The slot a request got (``Request.slot_id``; ``id_slot`` after the engine's refactor)."""
-    return getattr(request, "id_slot", getattr(request, "slot_id", None))
+    """The slot a finished request ended on (None: it never had one, or it failed)."""
+    return request.outcome.id_slot if request.outcome is not None else None
 
 
 LAB = Lab()
