@@ -79,6 +79,7 @@ def test_the_cli_names_the_lab_extra_when_a_command_needs_it(tmp_path):
         ["bench", "-m", str(tmp_path / "none.gguf"), "-o", str(tmp_path / "out")],
         ["translate", "Hello", "--url", "http://127.0.0.1:9"],
         ["fleet", "--port", "9"],
+        ["exercises"],
     )
     code = f"""
 from llmkit.cli import main
@@ -92,7 +93,8 @@ for argv in {commands!r}:
     run = without_lab(code, cwd=tmp_path, env=nowhere)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["llmkit upstream", "llmkit bench", "llmkit translate", "llmkit fleet"], run.stdout
+    expected = ["llmkit upstream", "llmkit bench", "llmkit translate", "llmkit fleet", "llmkit exercises"]
+    assert [line.split(":")[0] for line in lines] == expected, run.stdout
     assert all("pip install 'llmkit[lab]'" in line for line in lines), run.stdout
 
 

@@ -25,7 +25,7 @@ The parts:
     expect     the kind and value of an answer (whole_number, same, near, ...): messages that never give the answer
     notebook   an exercise's cells in its notebook: hints, solution (the notebook is their only source)
     lab        the model, servers and measurements the checks share, started once
-    progress   which exercises are done: the per-user file, the widget, ``llmkit exercises``
+    done       which exercises are done: the per-user file, the widget (``progress()``), ``llmkit exercises``
     classroom  a student edition of the notebooks, and a class's notebooks graded (``llmkit exercises student|grade``)
     ch01 ... ch09   each chapter's checks
 """
@@ -33,6 +33,6 @@ The parts:
 from __future__ import annotations
 
 from llmkit.course.exercises.core import CHAPTERS, Chapter, Exercise, Verdict, chapter, chapters
-from llmkit.course.exercises.progress import progress
+from llmkit.course.exercises.done import progress
 
 __all__ = ["CHAPTERS", "Chapter", "Exercise", "Verdict", "chapter", "chapters", "progress"]

@@ -237,7 +237,7 @@ class Exercise:
 
     def check(self, *answers: Any) -> None:
         """Check ``answers`` (the names the answer cell defines), show the verdict, and record it in your progress."""
-        from llmkit.course.exercises.progress import record
+        from llmkit.course.exercises.done import record
 
         verdict = self.verdict(*answers)
         record(verdict)
@@ -288,7 +288,7 @@ class Chapter:
 
     def progress(self) -> Any:
         """A widget: which of this chapter's exercises are done (updated as checks pass)."""
-        from llmkit.course.exercises.progress import ProgressView
+        from llmkit.course.exercises.done import ProgressView
 
         return ProgressView(self.number)
 
