@@ -40,6 +40,7 @@ FAST_MODULES = {
     *("test_notebooks.py", "test_course.py", "test_japanese.py"),  # the notebooks as files, the editions' labels and terms
     "test_layout.py",  # the runtime apart from the course's apparatus, and one map of the package
     "test_trace.py",  # the multi-tenant trace and its summary (the replay itself: test_fleet.py)
+    "test_exercises.py",  # the exercises' pattern, hints, progress, student edition, and the checks that need no model
 }
 
 

@@ -52,7 +52,9 @@ def keys_used(path: Path) -> set[str]:
 
 
 USED = {key for path in sorted((NOTEBOOKS / "en").glob("*.ipynb")) for key in keys_used(path)}
-EXERCISES = {key for path in sorted((ROOT / "llmkit" / "course" / "exercises").rglob("*.py")) for key in tr_keys(path.read_text(), path.name)}
+EXERCISES = {
+    key for path in sorted((ROOT / "llmkit" / "course" / "exercises").rglob("*.py")) for key in tr_keys(path.read_text(), path.name)
+}
 LIBRARY = {
     key
     for path in sorted((ROOT / "llmkit").rglob("*.py"))
@@ -118,7 +120,9 @@ def test_every_label_the_notebooks_print_has_a_japanese_entry_and_none_is_unused
     assert sorted(ja.keys() - USED - LIBRARY - EXERCISES) == [], "catalog entries neither a notebook nor llmkit uses"
 
 
-@pytest.mark.parametrize(("catalog", "keys"), [(LIBRARY_CATALOG, LIBRARY), (EXERCISES_CATALOG, EXERCISES)], ids=lambda x: getattr(x, "name", ""))
+@pytest.mark.parametrize(
+    ("catalog", "keys"), [(LIBRARY_CATALOG, LIBRARY), (EXERCISES_CATALOG, EXERCISES)], ids=lambda x: getattr(x, "name", "")
+)
 def test_what_llmkit_prints_is_in_its_own_catalog(catalog, keys):
     held = {entry.msgid for entry in polib.pofile(str(catalog))}
     assert sorted(keys - held) == [], f"these labels belong in {catalog.name}"

@@ -38,6 +38,7 @@ from llmkit.course.exercises.notebook import ANSWER, CHECK, SOLUTION
 CHAPTER_CALL = re.compile(r"exercises\.chapter\((\d+)\)")
 CHECK_CALL = re.compile(r"\bq(\d+)\.check\(")
 OUTPUT_LIMIT = 100_000  # characters a cell may print in a grading run; the rest is dropped
+PREAMBLE_TIMEOUT = 120  # seconds for the kit's own first cell (llmkit's imports on a busy machine), whatever the cells' limit
 
 
 def repository_notebooks() -> Path:
@@ -223,22 +224,25 @@ async def execute(run: Any, work: Path, cell_timeout: float, total_timeout: floa
     """Run ``run`` in a fresh kernel: each cell within ``cell_timeout`` (then interrupted, its error recorded, the next
     cell runs), the whole within ``total_timeout`` (then the kernel is killed). Cells not reached keep no outputs."""
     from nbclient import NotebookClient
+    from nbclient.util import ensure_async
 
+    preamble = run.cells[0]
     client = NotebookClient(
-        run, timeout=int(cell_timeout), kernel_name="python3", allow_errors=True, interrupt_on_timeout=True,
+        run, timeout_func=lambda cell: int(max(cell_timeout, PREAMBLE_TIMEOUT) if cell is preamble else cell_timeout),
+        kernel_name="python3", allow_errors=True, interrupt_on_timeout=True,
         error_on_timeout={"ename": "Timeout", "evalue": f"the cell ran over {cell_timeout:.0f} s and was interrupted", "traceback": []},
         resources={"metadata": {"path": str(work)}}, record_timing=False,
     )  # fmt: skip
     try:
         await asyncio.wait_for(client.async_execute(), total_timeout)
-    except (TimeoutError, asyncio.TimeoutError):
+    except TimeoutError:
         pass
     except Exception:  # noqa: BLE001 -- a dead kernel (a submission that exits or crashes it) costs its own row: results_of reports it
         pass
     finally:
         if client.km is not None:
             with contextlib.suppress(Exception):
-                await client.km.shutdown_kernel(now=True)
+                await ensure_async(client.km.shutdown_kernel(now=True))
         stop_servers(work / "servers.pids")
 
 
@@ -255,7 +259,9 @@ def stop_servers(pids: Path) -> None:
             os.killpg(int(line), signal.SIGKILL)
 
 
-def grade_one(path: Path, student: str, *, cell_timeout: float, total_timeout: float, modules: dict[int, str], paths: list[str]) -> Submission:
+def grade_one(
+    path: Path, student: str, *, cell_timeout: float, total_timeout: float, modules: dict[int, str], paths: list[str]
+) -> Submission:
     t0 = time.perf_counter()
     try:
         nb = nbformat.read(path, as_version=4)
@@ -327,21 +333,25 @@ def write_html(submissions: list[Submission], path: Path, folder: Path) -> None:
             r = results.get(k)
             status = r.status if r else ""
             title = html.escape(r.message if r else "", quote=True)
-            cells.append(f'<td class="{status.replace(" ", "-")}" style="background:{COLOURS.get(status, "#fff")}" title="{title}">{status}</td>')
+            cells.append(
+                f'<td class="{status.replace(" ", "-")}" style="background:{COLOURS.get(status, "#fff")}" title="{title}">{status}</td>'
+            )
         passed = sum(results[k].status == PASS for k in keys if k in results)
         body.append(f"<tr><th>{html.escape(student)}</th>{''.join(cells)}<td>{passed}</td></tr>")
     legend = " · ".join(STATUSES)
+    style = "body{font-family:sans-serif} table{border-collapse:collapse} td,th{border:1px solid #ccc;padding:0.2em 0.6em;text-align:left}"
+    statuses = json.dumps({s: {k: r.status for k, r in res.items()} for s, res in rows(submissions).items()})
     path.write_text(
         f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Exercises graded</title>
-<style>body{{font-family:sans-serif}} table{{border-collapse:collapse}} td,th{{border:1px solid #ccc;padding:0.2em 0.6em;text-align:left}}</style>
+<style>{style}</style>
 </head><body>
 <h1>Exercises graded</h1>
 <p>{html.escape(str(folder))}: {len(submissions)} notebooks. Each cell: {legend} (hover for what differs).</p>
 <table><tr><th>student</th>{head}<th>passed</th></tr>
 {chr(10).join(body)}
 </table>
-<script type="application/json" id="grades">{html.escape(json.dumps({s: {k: r.status for k, r in res.items()} for s, res in rows(submissions).items()}))}</script>
+<script type="application/json" id="grades">{html.escape(statuses)}</script>
 </body></html>
 """,
         encoding="utf-8",

@@ -1,0 +1,305 @@
+"""Exercises that answer back, model-free: the pattern (a verdict, never the answer), hints and solutions read from a
+notebook, progress kept across restarts, the student edition, and the checks that need no model (on the hidden
+solution, a plausible wrong answer and an empty answer cell).
+
+The checks that measure with the model or a server are tests/test_exercise_checks.py's; grading a class's notebooks
+in fresh kernels is tests/test_classroom.py's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import ClassVar
+
+import nbformat
+import pytest
+
+from llmkit.course import exercises
+from llmkit.course.exercises import ch04, ch05, ch07, ch08, ch09, done, notebook
+from llmkit.course.exercises.classroom import student_edition
+from llmkit.course.exercises.core import (
+    ENGINE,
+    ERROR,
+    FAIL,
+    LLAMA,
+    PASS,
+    SERVER,
+    UNANSWERED,
+    VERDICT_MIME,
+    Wrong,
+    extra_chapter,
+    unanswered,
+)
+from llmkit.engine.scheduler import LlamaServerPolicy, choose_slot
+from llmkit.text import StopMatcher
+
+from exercise_demo import demo_notebook
+from solutions import NOTEBOOKS, answers_of
+
+
+@pytest.fixture(autouse=True)
+def progress_file(tmp_path, monkeypatch):
+    """Every test records its progress in a file of its own, never the user's."""
+    path = tmp_path / "progress.json"
+    monkeypatch.setenv(done.ENV, str(path))
+    return path
+
+
+@pytest.fixture
+def demo():
+    with extra_chapter(99, "exercise_demo"):
+        yield exercises.chapter(99)
+
+
+# --- the registry --------------------------------------------------------------------------------------------------
+
+
+def test_every_chapter_has_three_exercises_and_one_whose_code_runs_in_the_engine_or_against_a_server():
+    for ch in exercises.chapters():
+        assert len(ch) >= 3, f"chapter {ch.number} has {len(ch)} exercises"
+        assert [ex.number for ex in ch] == list(range(1, len(ch) + 1))
+        assert any({ENGINE, SERVER, LLAMA} & set(ex.compares) and ex.learner_writes for ex in ch), f"chapter {ch.number}"
+    assert sum(len(ch) for ch in exercises.chapters()) >= 36
+
+
+# --- not answered yet ------------------------------------------------------------------------------------------------
+
+
+def stub(x):
+    """The answer cell's template."""
+
+
+def passing(x):
+    pass
+
+
+class StubClass:
+    def __init__(self, n): ...
+
+    def push(self, text):
+        """Your code."""
+
+
+class RealClass:
+    def push(self, text):
+        return text
+
+
+def test_an_answer_is_not_given_while_it_is_the_templates_ellipsis():
+    for value in (..., stub, passing, StubClass, StubClass.__new__(StubClass), lambda x: None):
+        assert unanswered(value), value
+    for value in (0, None, False, [], "", {}, RealClass, RealClass(), lambda x: x, len, StopMatcher, LlamaServerPolicy):
+        assert not unanswered(value), value
+
+
+def test_an_empty_answer_is_not_answered_yet_and_records_nothing(demo, progress_file, capsys):
+    verdict = demo.q1.verdict(...)
+    assert verdict.status == UNANSWERED and "answer" in verdict.message and not verdict
+    demo.q1.check(...)  # what the check cell does: shown (printed outside a notebook), nothing recorded
+    assert "not answered yet" in capsys.readouterr().out
+    assert not progress_file.exists()
+
+
+def test_a_verdict_shows_in_a_notebook_and_carries_its_status_for_a_grader(demo):
+    bundle = demo.q1.verdict(42)._repr_mimebundle_()
+    assert bundle[VERDICT_MIME] == {"chapter": 99, "number": 1, "status": PASS, "message": "six times seven"}
+    assert "✓" in bundle["text/plain"] and "llmkit-pass" in bundle["text/html"]
+
+
+def test_a_wrong_answer_says_what_differs_not_the_answer(demo):
+    verdict = demo.q1.verdict(41)
+    assert verdict.status == FAIL and "too low" in verdict.message and "42" not in verdict.message
+    assert "ex.q1.hint()" in verdict.message  # where the next step is
+    kind = demo.q1.verdict("forty-two")
+    assert kind.status == FAIL and "whole number" in kind.message and "str" in kind.message
+    assert demo.q2.verdict(lambda x: x + x + 1).status == FAIL
+    assert demo.q1.verdict(1, 2).status == FAIL and "takes 1 answers" in demo.q1.verdict(1, 2).message
+
+
+def learners_double(x):
+    return {}[x]  # the learner's own bug
+
+
+def test_a_crash_in_the_learners_code_is_shown_as_theirs(demo):
+    verdict = demo.q2.verdict(learners_double)
+    assert verdict.status == ERROR and verdict.theirs and "double(0)" in verdict.message and "KeyError" in verdict.message
+    assert "learners_double" in verdict.detail and "return {}[x]" in verdict.detail  # their frame, their line
+    assert "core.py" not in verdict.detail and "exercise_demo.py" not in verdict.detail  # not the kit's
+
+
+def test_a_check_that_cannot_run_does_not_blame_the_answer(demo, monkeypatch):
+    def broken(answer):
+        raise ConnectionError("the server did not start")
+
+    monkeypatch.setattr(demo.q1, "judge", broken)
+    verdict = demo.q1.verdict(42)
+    assert verdict.status == ERROR and not verdict.theirs and "not your answer" in verdict.message
+
+
+# --- hints and solutions, read from the notebook ------------------------------------------------------------------------
+
+
+def test_hints_come_one_at_a_time_and_the_solution_from_the_notebook(demo, tmp_path, monkeypatch):
+    nbformat.write(demo_notebook(), tmp_path / "99_demo.ipynb")
+    monkeypatch.chdir(tmp_path)
+    shown = [str(notebook.next_hint(demo.q1)) for _ in range(3)]
+    assert shown == ["Hint 1 of 2\nMultiply.", "Hint 2 of 2\nSix sevens.", "Hint 2 of 2\nSix sevens."]
+    assert str(notebook.next_hint(demo.q2)) == "Hint 1 of 1\ntwice `x`."  # a notebook's *Hint:* paragraph
+    solution = notebook.solution_view(demo.q1)
+    assert solution.body == "answer = 6 * 7\nprint(answer)" and "answer" in solution._repr_mimebundle_()["text/html"]
+    nbformat.write(nbformat.read(tmp_path / "99_demo.ipynb", 4), tmp_path / "elsewhere.ipynb")
+    student_edition(tmp_path / "student", tmp_path.parent, editions=(tmp_path.name,))
+    monkeypatch.chdir(tmp_path / "student" / tmp_path.name)
+    assert "no solutions" in str(notebook.solution_view(demo.q1))  # a student edition has none to show
+    assert str(notebook.next_hint(demo.q2)).startswith("Hint 1 of 1")  # but its hints
+
+
+def test_no_hint_or_solution_without_the_chapters_notebook(demo, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert "not in this folder" in str(notebook.next_hint(demo.q1)) and "not in this folder" in str(notebook.solution_view(demo.q1))
+
+
+# --- progress ----------------------------------------------------------------------------------------------------------
+
+
+def test_progress_is_kept_across_restarts_and_done_stays_done(demo, progress_file):
+    demo.q2.check(lambda x: 2 * x)
+    demo.q1.check(40)
+    saved = json.loads(progress_file.read_text())
+    assert saved["99"]["2"]["done"] and saved["99"]["2"]["status"] == PASS and not saved["99"]["1"]["done"]
+    demo.q2.check(lambda x: 3 * x)  # a later failed try: the exercise stays done
+    assert done.status_of(done.load(), 99, 2) == (FAIL, True)
+    assert done.summary([99]) == [(99, 1, 2, "✗✓")]
+    view = demo.progress()
+    bundle = view._repr_mimebundle_()
+    assert "1 of 2" in bundle["text/plain"] and "q1" in bundle["text/html"] and "q2" in view.widget.value
+    demo.q1.check(42)
+    assert "2 of 2" in view.widget.value  # a widget on show redraws when a check records
+
+
+def test_progress_of_every_chapter_as_a_table():
+    text = done.text()
+    assert "0 of" in text and all(f"\n{n:>7}" in text for n in range(1, 10))
+
+
+# --- the student edition -----------------------------------------------------------------------------------------------
+
+
+def test_the_student_edition_has_no_solutions_in_either_language(tmp_path):
+    written = student_edition(tmp_path)
+    assert {p.parent.name for p in written} == {"en", "ja"} and (tmp_path / "ja" / "locale" / "exercises.po").exists()
+    for path in written:
+        original = nbformat.read(NOTEBOOKS / path.parent.name / path.name, 4)
+        student = nbformat.read(path, 4)
+        tags = [set(c.metadata.get("tags", [])) for c in student.cells]
+        assert not any("solution" in t for t in tags), path
+        kept = [c.source for c in original.cells if "solution" not in c.metadata.get("tags", [])]
+        assert [c.source for c in student.cells] == kept  # everything else, answer cells as they come
+        assert all(not c.outputs for c, t in zip(student.cells, tags, strict=True) if {"answer", "check"} & t)
+        assert student.metadata["llmkit"]["edition"] == "student"
+
+
+# --- the checks that need no model: the hidden solution, a wrong answer, an empty one -------------------------------
+
+
+def verdicts(ex, solution, wrong, forbidden):
+    """The solution passes; the wrong answer fails, and its message names none of ``forbidden``; empty: not answered."""
+    assert ex.verdict(*solution).status == PASS, ex.verdict(*solution)
+    verdict = ex.verdict(*wrong)
+    assert verdict.status == FAIL, verdict
+    assert not [f for f in forbidden if f in verdict.message], verdict.message
+    assert ex.verdict(*[...] * len(ex.answers)).status == UNANSWERED
+    return verdict
+
+
+def test_chapter_4_exercise_1_the_steps_of_a_chunked_prompt():
+    ex = exercises.chapter(4).q1
+    solution = answers_of(ex, {"build_batch": ch04.build_batch, "tr": str.format})
+    verdicts(ex, solution, ([64, 64, 64, 64, 44], [300]), ["62", "52"])  # the streams' two tokens forgotten
+    assert ex.verdict([62, 62, 62, 62, 52], [64, 64, 64, 64, 44]).status == FAIL  # the budget applied with no stream
+    assert "adds up to 290" in ex.verdict([62, 62, 62, 62, 42], [300]).message
+
+
+def test_chapter_5_exercise_1_the_smallest_shared_prefix():
+    ex = exercises.chapter(5).q1
+    solution = answers_of(ex, {"choose_slot": choose_slot, "Slot": ch05.Slot})
+    verdict = verdicts(ex, solution, (lambda n: n // 10,), ["11"])  # ">= 10 %" where llama-server says "> 10 %"
+    assert "100 tokens" in verdict.message and "too few" in verdict.message
+
+
+def test_chapter_9_exercise_3_what_a_step_keeps_after_an_end_of_generation():
+    ex = exercises.chapter(9).q3
+
+    def llmkits_rule(draft, sampled, is_eog):  # stops at any end of generation: where llama-server differs
+        kept = []
+        for k, token in enumerate(sampled):
+            kept.append(token)
+            if k == len(draft) or token != draft[k] or is_eog(token):
+                return kept
+        return kept
+
+    verdict = verdicts(ex, answers_of(ex, {}), (llmkits_rule,), ["[5, 6, 2, 8]"])
+    assert "last token" in verdict.message and "too few" in verdict.message
+
+
+def test_the_hidden_cases_of_the_code_checks_that_plug_into_the_engine():
+    """Their model-free half (the engine's half: tests/test_exercise_checks.py): the kit's reference passes its own
+    cases, and a plausible wrong answer fails with what differs."""
+    ch04.check_policy(ch04.ReferenceFewTokensFirst())
+    with pytest.raises(Wrong, match="no limit"):
+        ch04.check_policy(NoLimitFirst())  # max_tokens -1 sorted as the smallest
+    ch05.check_rule(ch05.reference_entry)
+    with pytest.raises(Wrong, match="under a quarter"):
+        ch05.check_rule(without_the_quarter)
+    ch07.check_slots(ch07.reference_slot)
+    with pytest.raises(Wrong, match="never used: yours takes slot 0"):
+        ch07.check_slots(choose_slot)  # llmkit's rule: the first idle slot on a tie, where llama-server takes the last
+    ch08.check_matcher(StopMatcher)
+    with pytest.raises(Wrong, match="split over three pieces"):
+        ch08.check_matcher(ReleasesEverything)
+    ch09.check_drafts(ch09.ReferenceLookup)
+    with pytest.raises(Wrong, match="two matches: the later one"):
+        ch09.check_drafts(FirstMatch)
+
+
+@dataclass(frozen=True)
+class NoLimitFirst(ch04.ReferenceFewTokensFirst):
+    name: ClassVar[str] = "no-limit-first"
+
+    def order(self, waiting, slots):
+        return sorted(waiting, key=lambda r: (r.params.max_tokens, r.id))
+
+
+def without_the_quarter(entries, held, prompt):
+    """The prompt cache's rule without "don't trash large prompts" (an entry that keeps under a quarter of itself)."""
+    lcp = ch05.common_prefix(held, prompt)
+    keep_best, sim_best, best = (lcp / len(held) if held else -1.0), lcp / len(prompt), None
+    for i, tokens in enumerate(entries):
+        lcp = ch05.common_prefix(tokens, prompt)
+        if lcp / len(tokens) > keep_best and lcp / len(prompt) > sim_best:
+            best, keep_best, sim_best = i, lcp / len(tokens), lcp / len(prompt)
+    return best
+
+
+class ReleasesEverything(StopMatcher):
+    """Finds a stop string within one push only, and releases the rest at once."""
+
+    def push(self, text):
+        if self.stopped:
+            return ""
+        hits = [(text.find(s), s) for s in self.stops if s in text]
+        if hits:
+            at, self.word = min(hits)
+            self.stopped = True
+            return text[:at]
+        return text
+
+
+class FirstMatch(ch09.ReferenceLookup):
+    def draft(self, seq, tokens, last, n_max):
+        prompt, pattern = self.prompts.get(seq, []), [*tokens, last][-self.n :]
+        for start in range(len(prompt) - len(pattern)):
+            if prompt[start : start + len(pattern)] == pattern:
+                return prompt[start + len(pattern) : start + len(pattern) + n_max]
+        return []
