@@ -26,7 +26,7 @@ from llmkit.course.exercises.core import (
     PASS,
     SERVER,
     UNANSWERED,
-    VERDICT_MIME,
+    VERDICT_KEY,
     Wrong,
     extra_chapter,
     unanswered,
@@ -102,8 +102,8 @@ def test_an_empty_answer_is_not_answered_yet_and_records_nothing(demo, progress_
 
 
 def test_a_verdict_shows_in_a_notebook_and_carries_its_status_for_a_grader(demo):
-    bundle = demo.q1.verdict(42)._repr_mimebundle_()
-    assert bundle[VERDICT_MIME] == {"chapter": 99, "number": 1, "status": PASS, "message": "six times seven"}
+    bundle, metadata = demo.q1.verdict(42)._repr_mimebundle_()
+    assert metadata[VERDICT_KEY] == {"chapter": 99, "number": 1, "status": PASS, "message": "six times seven"}
     assert "✓" in bundle["text/plain"] and "llmkit-pass" in bundle["text/html"]
 
 

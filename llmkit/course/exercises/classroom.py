@@ -31,7 +31,7 @@ from typing import Any
 
 import nbformat
 
-from llmkit.course.exercises.core import ERROR, PASS, STATUSES, UNANSWERED, VERDICT_MIME, chapter, show
+from llmkit.course.exercises.core import ERROR, PASS, STATUSES, UNANSWERED, VERDICT_KEY, chapter, show
 from llmkit.course.exercises.lab import PIDS_ENV
 from llmkit.course.exercises.notebook import ANSWER, CHECK, SOLUTION
 
@@ -202,8 +202,8 @@ def cell_error(cell: Any) -> str | None:
 
 def cell_verdict(cell: Any) -> dict | None:
     for output in cell.get("outputs", []):
-        if VERDICT_MIME in output.get("data", {}):
-            return output["data"][VERDICT_MIME]
+        if VERDICT_KEY in output.get("metadata", {}):
+            return output["metadata"][VERDICT_KEY]
     return None
 
 

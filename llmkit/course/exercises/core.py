@@ -120,7 +120,9 @@ def unanswered(value: Any) -> bool:
 
 # --- the verdict -------------------------------------------------------------------------------------------------
 
-VERDICT_MIME = "application/vnd.llmkit.verdict+json"  # what a grading run reads back from a check cell's output
+# What a grading run reads back from a check cell's output: in the output's metadata, not a mime type of its own
+# (a book would have to render one), under this key
+VERDICT_KEY = "llmkit_verdict"
 MARKS = {PASS: "✓", FAIL: "✗", UNANSWERED: "…", ERROR: "✗"}
 COLOURS = {PASS: ("#e6f4ea", "#1e7b34"), FAIL: ("#fdecea", "#b3261e"), UNANSWERED: ("#f1f3f4", "#5f6368"), ERROR: ("#fdecea", "#b3261e")}
 
@@ -170,8 +172,8 @@ class Verdict:
             f'<strong style="color:{ink}">{html.escape(self.headline())}</strong>: {html.escape(self.message)}{detail}</div>'
         )
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
-        return {"text/plain": str(self), "text/html": self._repr_html_(), VERDICT_MIME: self.to_json()}
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> tuple[dict, dict]:
+        return {"text/plain": str(self), "text/html": self._repr_html_()}, {VERDICT_KEY: self.to_json()}
 
 
 def show(obj: Any) -> None:
