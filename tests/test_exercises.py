@@ -81,15 +81,46 @@ class StubClass:
         """Your code."""
 
 
+@dataclass(frozen=True)
+class StubPolicy(LlamaServerPolicy):
+    name: ClassVar[str] = "stub"
+
+    def order(self, waiting, slots): ...
+
+
 class RealClass:
     def push(self, text):
         return text
 
 
 def test_an_answer_is_not_given_while_it_is_the_templates_ellipsis():
-    for value in (..., stub, passing, StubClass, StubClass.__new__(StubClass), lambda x: None):
+    for value in (
+        ...,
+        stub,
+        passing,
+        StubClass,
+        StubClass.__new__(StubClass),
+        lambda x: None,
+        StubPolicy,
+        {"a": ..., "b": ...},
+        [..., ...],
+    ):
         assert unanswered(value), value
-    for value in (0, None, False, [], "", {}, RealClass, RealClass(), lambda x: x, len, StopMatcher, LlamaServerPolicy):
+    for value in (
+        0,
+        None,
+        False,
+        [],
+        "",
+        {},
+        {"a": ..., "b": True},
+        RealClass,
+        RealClass(),
+        lambda x: x,
+        len,
+        StopMatcher,
+        LlamaServerPolicy,
+    ):
         assert not unanswered(value), value
 
 

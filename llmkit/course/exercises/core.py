@@ -15,6 +15,7 @@ with its answer cells empty (nbval).
 
 from __future__ import annotations
 
+import dataclasses
 import dis
 import html
 import importlib
@@ -108,13 +109,18 @@ def is_stub(fn: Any) -> bool:
 
 
 def unanswered(value: Any) -> bool:
-    """``...``, a stub function, or a class (or an instance of one) whose own methods are all stubs."""
+    """``...``; a stub function; a class (or an instance of one) whose own methods are all stubs; a dict, list or tuple
+    of nothing but ``...`` (the answer cell's template: ``intact = {"events_of": ..., "sse_parse": ...}``)."""
     if value is Ellipsis or is_stub(value):
         return True
+    if isinstance(value, dict | list | tuple) and value:
+        return all(v is Ellipsis for v in (value.values() if isinstance(value, dict) else value))
     cls = value if inspect.isclass(value) else type(value)
     if cls.__module__ in ("builtins", "llmkit") or cls.__module__.startswith(("llmkit.", "httpx", "openai")):
         return False
-    own = [v for v in vars(cls).values() if inspect.isfunction(v)]
+    # the methods written in the class (not a dataclass's generated __init__, __eq__, ...)
+    generated = dataclasses.is_dataclass(cls)
+    own = [v for k, v in vars(cls).items() if inspect.isfunction(v) and not (generated and k.startswith("__"))]
     return bool(own) and all(is_stub(f) for f in own)
 
 
