@@ -63,6 +63,28 @@ def test_every_chapter_has_three_exercises_and_one_whose_code_runs_in_the_engine
     assert sum(len(ch) for ch in exercises.chapters()) >= 36
 
 
+@pytest.mark.parametrize("lang", ["en", "ja"])
+def test_every_exercise_is_in_its_notebook_with_hints_an_answer_cell_a_check_and_its_solution(lang):
+    """The notebook is the exercise's one source: its statement and hints (closed), its answer cell (the template: not
+    answered yet as it comes), the one line that checks it, and the hidden solution the tests run."""
+    for ch in exercises.chapters():
+        cells = notebook.cells(notebook.chapter_notebook(ch.number, NOTEBOOKS / lang))
+        loaders = [c for c in cells if notebook.SECTION in notebook.tags(c)]
+        assert len(loaders) == 1 and f"exercises.chapter({ch.number})" in notebook.source(loaders[0]), f"{lang} chapter {ch.number}"
+        for ex in ch:
+            where = f"{lang} exercise {ch.number}.{ex.number}"
+            part = notebook.exercise_cells(cells, ex.number)
+            markdown = "\n".join(notebook.source(c) for c in part if c["cell_type"] == "markdown")
+            assert notebook.DETAILS.findall(markdown), f"{where}: no hint"
+            by_tag = {tag: [c for c in part if tag in notebook.tags(c)] for tag in (notebook.ANSWER, notebook.CHECK, notebook.SOLUTION)}
+            assert [len(found) for found in by_tag.values()] == [1, 1, 1], where
+            assert notebook.source(by_tag[notebook.CHECK][0]) == f"ex.{ex.name}.check({', '.join(ex.answers)})", where
+            assert by_tag[notebook.SOLUTION][0]["metadata"]["jupyter"]["source_hidden"], f"{where}: the solution is not hidden"
+            namespace: dict = {"__name__": "__main__"}  # as in a notebook's kernel
+            exec(notebook.source(by_tag[notebook.ANSWER][0]), namespace)  # the template, as it comes
+            assert ex.verdict(*(namespace[name] for name in ex.answers)).status == UNANSWERED, where
+
+
 # --- not answered yet ------------------------------------------------------------------------------------------------
 
 
@@ -254,7 +276,7 @@ def test_chapter_4_exercise_1_the_steps_of_a_chunked_prompt():
 
 def test_chapter_5_exercise_1_the_smallest_shared_prefix():
     ex = exercises.chapter(5).q1
-    solution = answers_of(ex, {"choose_slot": choose_slot, "Slot": ch05.Slot})
+    solution = answers_of(ex, {"choose_slot": choose_slot, "Slot": ch05.Slot, "RequestParams": ch05.RequestParams})
     verdict = verdicts(ex, solution, (lambda n: n // 10,), ["11"])  # ">= 10 %" where llama-server says "> 10 %"
     assert "100 tokens" in verdict.message and "too few" in verdict.message
 
