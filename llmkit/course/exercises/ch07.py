@@ -137,7 +137,7 @@ def measured_decodes() -> list[tuple[str, int, int, int]]:
     out = []
     for name, kind in (("llama-server", "llama-server"), ("llmkit", "slots")):
         server = LAB.server(kind, *FLAGS, "-b", "64", "--metrics")
-        for n_words in (40, 150, 330):
+        for n_words in (30, 90, 150):
             n_prompt, n = decodes_of(server.url, n_words)
             out.append((name, n_prompt, 64, n))
     return out
