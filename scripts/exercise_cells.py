@@ -25,7 +25,7 @@ from pathlib import Path
 import nbformat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from exercise_texts import CHAPTER_ZERO, EXERCISES, INTRO, PO_ADDITIONS, PO_RENAMES  # noqa: E402
+from exercise_texts import CHAPTER_ZERO, EXERCISES, INTRO, PO_ADDITIONS, PO_RENAMES
 
 EXERCISE = re.compile(r"^\*\*[^*\d\n]{1,20}?(\d+)\s*—", re.MULTILINE)
 HINT = re.compile(r"\n*^\*(?:Hint|ヒント)[:\uff1a]\s*\*\s*(.+?)(?=\n\s*\n|\Z)", re.MULTILINE | re.DOTALL)
@@ -59,12 +59,15 @@ def exercise_cells(spec: dict) -> list:
     return cells + ([code(spec["solution"], ["solution"], **HIDDEN)] if spec.get("new") else [])
 
 
+SECTION = re.compile(r"## (Exercises|演習)\s*$")
+
+
 def section_start(cells: list) -> int:
-    return next(i for i, c in enumerate(cells) if c.cell_type == "markdown" and re.match(r"## (Exercises|演習)\s*$", c.source.split("\n", 1)[0]))
+    return next(i for i, c in enumerate(cells) if c.cell_type == "markdown" and SECTION.match(c.source.split("\n", 1)[0]))
 
 
 def split_section_opening(cells: list, lang: str, chapter: int) -> None:
-    """"## Exercises", the opening, the exercises cell; then exercise 1's markdown on its own."""
+    """ "## Exercises", the opening, the exercises cell; then exercise 1's markdown on its own."""
     at = section_start(cells)
     source = cells[at].source
     first = EXERCISE.search(source)
@@ -77,7 +80,9 @@ def split_section_opening(cells: list, lang: str, chapter: int) -> None:
 
 def edit_exercise(cells: list, lang: str, spec: dict) -> None:
     number = spec["number"]
-    at = next(i for i, c in enumerate(cells) if c.cell_type == "markdown" and any(int(m.group(1)) == number for m in EXERCISE.finditer(c.source)))
+    at = next(
+        i for i, c in enumerate(cells) if c.cell_type == "markdown" and any(int(m.group(1)) == number for m in EXERCISE.finditer(c.source))
+    )
     before, _, block = cells[at].source.partition(EXERCISE.search(cells[at].source).group(0))
     head = EXERCISE.search(cells[at].source).group(0)
     cells[at].source = (before + exercise_markdown(lang, head + block, spec)).strip()
@@ -90,7 +95,8 @@ def edit_exercise(cells: list, lang: str, spec: dict) -> None:
 def insert_new_exercises(cells: list, lang: str, specs: list[dict]) -> None:
     """New exercises after the last one: before the chapter's summary or its "Next:" line (split off the cell it ends)."""
     last = max(i for i, c in enumerate(cells) if "solution" in c.metadata.get("tags", []))
-    at = next((i for i in range(last + 1, len(cells)) if cells[i].cell_type == "markdown" and re.match(r"(## |Next:|次へ)", cells[i].source)), None)
+    ends = re.compile(r"(## |Next:|次へ)")  # the chapter's summary, or its last line
+    at = next((i for i in range(last + 1, len(cells)) if cells[i].cell_type == "markdown" and ends.match(cells[i].source)), None)
     if at is None:  # the closing discussion ends with "Next: ...": split it there
         at = len(cells) - 1
         discussion, _, rest = cells[at].source.partition("\n\nNext:" if lang == "en" else "\n\n次へ")

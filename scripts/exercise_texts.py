@@ -92,18 +92,19 @@ PO_RENAMES = {  # catalog -> (old msgid, new msgid, new msgstr)
 # --- chapter 1 ---------------------------------------------------------------------------------------------------------
 
 exercise(
-    1, 1,
+    1,
+    1,
     answer_note={
         "en": "In the answer cell: your class `FailsAtOnce`, and `status_predicted`, the status code you predict the client gets. "
-              "The check serves your translator, calls `/translate/stream` twice, and compares.",
+        "The check serves your translator, calls `/translate/stream` twice, and compares.",
         "ja": "答えのセルには、クラス `FailsAtOnce` と、クライアントが受け取ると予想するステータスコード `status_predicted` を書きます。"
-              "チェックはあなたの翻訳器を動かし、`/translate/stream` を二度呼んで比べます。",
+        "チェックはあなたの翻訳器を動かし、`/translate/stream` を二度呼んで比べます。",
     },
     hints={
         "en": ["The status line goes out when the response starts: the stream's first `next()` comes after it."],
         "ja": ["ステータス行はレスポンスが始まったときに送られます。ストリームの最初の `next()` はその後です。"],
     },
-    answer='''
+    answer="""
 # Your answer: a translator whose stream fails before its first token, and the status you predict
 from llmkit.sequential.translator import Translator
 
@@ -114,7 +115,7 @@ class FailsAtOnce(Translator):
 
 
 status_predicted = ...
-''',
+""",
     check="ex.q1.check(FailsAtOnce, status_predicted)",
     solution='''
 class FailsAtOnce(Translator):
@@ -145,25 +146,28 @@ assert early.text.strip() == 'data: {"error": "failed before the first token (pr
 )
 
 exercise(
-    1, 2,
+    1,
+    2,
     answer_note={
         "en": "In the answer cell: `enough`, an `httpx.Timeout` (or its read timeout in seconds). The check sends the same "
-              "request on this machine now, with your timeout, and wants a margin of at least twice the silence it measures.",
+        "request on this machine now, with your timeout, and wants a margin of at least twice the silence it measures.",
         "ja": "答えのセルには `enough` を書きます。`httpx.Timeout`（または読み取りタイムアウトの秒数）です。チェックはいまこのマシンで、"
-              "あなたのタイムアウトで同じリクエストを送り、測った沈黙の少なくとも 2 倍の余裕を求めます。",
+        "あなたのタイムアウトで同じリクエストを送り、測った沈黙の少なくとも 2 倍の余裕を求めます。",
     },
     hints={
-        "en": ["A timeout scaled on what you measured is safer than a number of seconds: `streamed_for` grows and shrinks with the machine."],
+        "en": [
+            "A timeout scaled on what you measured is safer than a number of seconds: `streamed_for` grows and shrinks with the machine."
+        ],
         "ja": ["秒数を決め打ちするより、測った値に合わせたタイムアウトのほうが安全です。`streamed_for` はマシンに合わせて伸び縮みします。"],
     },
-    answer='''
+    answer="""
 # Your answer: a read timeout for POST /translate with the same body (an httpx.Timeout, or seconds)
 import httpx
 
 enough = ...
-''',
+""",
     check="ex.q2.check(enough)",
-    solution='''
+    solution="""
 enough = httpx.Timeout(10.0, read=10 * streamed_for + 30)  # the whole generation is one silence; a busy machine can take several times as long
 with launch.serve("sequential", "--temp", "0", "-n", "200", "-t", "1") as seq:
     t0 = time.perf_counter()
@@ -175,28 +179,29 @@ print(tr("read timeout {timeout:.1f} s: {status}, after one silence of {seconds:
          timeout=enough.read, status=patient.status_code, seconds=silent_for, gap=stream_gap))
 assert patient.status_code == 200 and patient.json()["translation"]
 assert silent_for > 2 * stream_gap  # the whole generation is one silence, far longer than any wait in its stream
-''',
+""",
 )
 
 exercise(
-    1, 3,
+    1,
+    3,
     answer_note={
         "en": "In the answer cell: two predictions, `split_alone` (some tokens are not valid UTF-8 alone) and "
-              "`naive_shows_fffd` (a naive decode shows U+FFFD), each True or False. The check tokenizes the text with the model.",
+        "`naive_shows_fffd` (a naive decode shows U+FFFD), each True or False. The check tokenizes the text with the model.",
         "ja": "答えのセルには二つの予想を書きます。`split_alone`（単独では有効な UTF-8 でないトークンがある）と `naive_shows_fffd`"
-              "（素朴なデコードで U+FFFD が出る）で、どちらも True か False です。チェックはモデルでテキストをトークンに分けて確かめます。",
+        "（素朴なデコードで U+FFFD が出る）で、どちらも True か False です。チェックはモデルでテキストをトークンに分けて確かめます。",
     },
     hints={
         "en": ["A token that is half a character decodes, alone, to U+FFFD: the two predictions go together."],
         "ja": ["文字の半分のトークンは、単独でデコードすると U+FFFD になります。二つの予想は連動します。"],
     },
-    answer='''
+    answer="""
 # Your answer: two predictions, True or False
 split_alone = ...  # some of the text's tokens are not valid UTF-8 on their own
 naive_shows_fffd = ...  # decoding token by token shows U+FFFD
-''',
+""",
     check="ex.q3.check(split_alone, naive_shows_fffd)",
-    solution='''
+    solution="""
 split_alone, naive_shows_fffd = True, True  # an emoji is 4 bytes, spelled in byte-tokens: halves of a character, alone
 
 other = "Привет, мир! 👋🙂"
@@ -208,51 +213,53 @@ print(tr("{tokens} tokens, {broken} not valid UTF-8 alone: {pieces}", tokens=len
 print(tr("naive:"), "".join(p.decode("utf-8", errors="replace") for p in other_pieces), "|", tr("detokenizer:"), [p for p in sent if p])
 assert bool(halves) == split_alone and ("\\ufffd" in "".join(p.decode("utf-8", errors="replace") for p in other_pieces)) == naive_shows_fffd
 assert "".join(sent) == other and all(valid_utf8(p.encode()) for p in sent)
-''',
+""",
 )
 
 # --- chapter 2 ---------------------------------------------------------------------------------------------------------
 
 exercise(
-    2, 1,
+    2,
+    1,
     answer_note={
         "en": "In the answer cell: `error_message(response)`. The check calls it on error answers this notebook never "
-              "showed, from the sequential server, the slot server and llama-server.",
+        "showed, from the sequential server, the slot server and llama-server.",
         "ja": "答えのセルには `error_message(response)` を書きます。チェックは、このノートブックが見せていないエラーのレスポンスを、"
-              "逐次サーバー、スロットサーバー、llama-server から集めて呼びます。",
+        "逐次サーバー、スロットサーバー、llama-server から集めて呼びます。",
     },
     hints={
         "en": ["`isinstance(error, str)` tells the two shapes apart."],
         "ja": ["`isinstance(error, str)` で二つの形を見分けられます。"],
     },
-    answer='''
+    answer="""
 # Your answer: the message of an error answer, from either server
 def error_message(response):
     ...
-''',
+""",
     check="ex.q1.check(error_message)",
     solution=None,  # the notebook's solution defines error_message already
 )
 
 exercise(
-    2, 2,
+    2,
+    2,
     answer_note={
         "en": "In the answer cell: two predictions, `bang_in_text` (True if the `!` is in the answer's text) and "
-              "`finish_reason` (a string). The check sends the request to both servers now.",
+        "`finish_reason` (a string). The check sends the request to both servers now.",
         "ja": "答えのセルには二つの予想を書きます。`bang_in_text`（答えのテキストに `!` が入るなら True）と `finish_reason`（文字列）です。"
-              "チェックはいま両方のサーバーにリクエストを送ります。",
+        "チェックはいま両方のサーバーにリクエストを送ります。",
     },
     hints={
         "en": ["`finish_reason` has two values for an answer that ended by itself: `length` means the budget."],
         "ja": ["自分で終わった答えの `finish_reason` の値は二つです。`length` は予算を意味します。"],
     },
-    answer='''
+    answer="""
 # Your answer: two predictions for chat_body sent with "stop": ["!"]
 bang_in_text = ...  # True if the "!" is in the answer's text
 finish_reason = ...  # the answer's finish_reason (a string)
-''',
+""",
     check="ex.q2.check(bang_in_text, finish_reason)",
-    solution='''
+    solution="""
 bang_in_text, finish_reason = False, "stop"  # a stop string ends the answer and is not part of it
 
 stop_body = {**chat_body, "stop": ["!"]}
@@ -266,23 +273,24 @@ assert "!" in full
 assert stopped["slots"]["choices"][0]["message"]["content"] == full[:full.index("!")]  # cut before the stop string
 for a in stopped.values():
     assert a["choices"][0]["finish_reason"] == finish_reason and ("!" in a["choices"][0]["message"]["content"]) == bang_in_text
-''',
+""",
 )
 
 exercise(
-    2, 3,
+    2,
+    3,
     answer_note={
         "en": "In the answer cell: `exception_class`, the class you predict (`openai.SomeError`), and `n_ctx_of(exc)`, "
-              "which returns the context size from the exception. The check raises it against the slot server and against "
-              "a llama-server with another context size.",
+        "which returns the context size from the exception. The check raises it against the slot server and against "
+        "a llama-server with another context size.",
         "ja": "答えのセルには、予想するクラス `exception_class`（`openai.SomeError` の形）と、例外からコンテキストの大きさを返す "
-              "`n_ctx_of(exc)` を書きます。チェックはスロットサーバーと、コンテキストの大きさが違う llama-server で例外を起こして確かめます。",
+        "`n_ctx_of(exc)` を書きます。チェックはスロットサーバーと、コンテキストの大きさが違う llama-server で例外を起こして確かめます。",
     },
     hints={
         "en": ["400 is `BadRequestError` in the `openai` package; the error object's fields are in `exc.body`, a dict."],
         "ja": ["`openai` パッケージでは 400 は `BadRequestError` です。エラーのオブジェクトのフィールドは `exc.body`（dict）にあります。"],
     },
-    answer='''
+    answer="""
 # Your answer: the exception class the openai client raises, and where your code finds n_ctx in it
 import openai
 
@@ -291,9 +299,9 @@ exception_class = ...
 
 def n_ctx_of(exc):
     ...
-''',
+""",
     check="ex.q3.check(exception_class, n_ctx_of)",
-    solution='''
+    solution="""
 exception_class = openai.BadRequestError  # 400: the class follows the status
 
 
@@ -311,43 +319,48 @@ with launch.serve("slots", "-t", "1", "-np", "2", "-c", "4096") as slots:
 print(type(too_long_raised).__name__, too_long_raised.status_code, too_long_raised.body)
 assert isinstance(too_long_raised, exception_class)
 assert too_long_raised.body["type"] == "exceed_context_size_error" and n_ctx_of(too_long_raised) == 2048
-''',
+""",
 )
 
 exercise(
-    2, 4,
+    2,
+    4,
     statement={
         "en": "**Exercise 4 — count before you send.** Both servers count a request's prompt tokens without generating "
-              "anything: `POST /v1/responses/input_tokens` takes a Responses request, `POST /v1/messages/count_tokens` a "
-              "Messages request (no `max_tokens` needed). Send the question of \"Three chat APIs, one engine\" to both "
-              "routes, on the slot server and on llama-server. Predict the numbers: which field of the answers above do "
-              "they equal? Anthropic's `input_tokens` (1 there), or another? Then write `prompt_size(answer)`: from a "
-              "Messages answer alone (its `usage`), the number `count_tokens` gives for the same request.",
+        "anything: `POST /v1/responses/input_tokens` takes a Responses request, `POST /v1/messages/count_tokens` a "
+        'Messages request (no `max_tokens` needed). Send the question of "Three chat APIs, one engine" to both '
+        "routes, on the slot server and on llama-server. Predict the numbers: which field of the answers above do "
+        "they equal? Anthropic's `input_tokens` (1 there), or another? Then write `prompt_size(answer)`: from a "
+        "Messages answer alone (its `usage`), the number `count_tokens` gives for the same request.",
         "ja": "**演習 4 — 送る前に数える。** どちらのサーバーも、何も生成せずにリクエストのプロンプトのトークンを数えられます。"
-              "`POST /v1/responses/input_tokens` は Responses のリクエストを、`POST /v1/messages/count_tokens` は Messages のリクエスト"
-              "（`max_tokens` は要りません）を受け取ります。「三つのチャット API、一つのエンジン」の質問を両方のルートに、"
-              "スロットサーバーと llama-server で送ってください。数を予想します。上の答えのどのフィールドと等しくなるでしょうか。"
-              "Anthropic の `input_tokens`（そこでは 1）でしょうか、それとも別のものでしょうか。そのうえで `prompt_size(answer)` を書いてください。"
-              "Messages の答え（その `usage`）だけから、同じリクエストに `count_tokens` が返す数を求める関数です。",
+        "`POST /v1/responses/input_tokens` は Responses のリクエストを、`POST /v1/messages/count_tokens` は Messages のリクエスト"
+        "（`max_tokens` は要りません）を受け取ります。「三つのチャット API、一つのエンジン」の質問を両方のルートに、"
+        "スロットサーバーと llama-server で送ってください。数を予想します。上の答えのどのフィールドと等しくなるでしょうか。"
+        "Anthropic の `input_tokens`（そこでは 1）でしょうか、それとも別のものでしょうか。そのうえで `prompt_size(answer)` を書いてください。"
+        "Messages の答え（その `usage`）だけから、同じリクエストに `count_tokens` が返す数を求める関数です。",
     },
     keep_hint=False,
     answer_note={
         "en": "In the answer cell: `prompt_size(answer)`. The check calls it on Messages answers of both servers, read "
-              "from the cache or not, and compares with `count_tokens` for the same requests.",
+        "from the cache or not, and compares with `count_tokens` for the same requests.",
         "ja": "答えのセルには `prompt_size(answer)` を書きます。チェックは、キャッシュから読んだものも読んでいないものも含む両方のサーバーの "
-              "Messages の答えで呼び、同じリクエストの `count_tokens` と比べます。",
+        "Messages の答えで呼び、同じリクエストの `count_tokens` と比べます。",
     },
     hints={
-        "en": ["A count renders the prompt and tokenizes it; it looks at no cache.",
-               "Anthropic's `usage` splits the prompt in two: what was read, and what came from the cache (`cache_read_input_tokens`)."],
-        "ja": ["数えるときは、プロンプトを組み立ててトークンに分けるだけで、キャッシュは見ません。",
-               "Anthropic の `usage` はプロンプトを二つに分けます。読んだ分と、キャッシュから来た分（`cache_read_input_tokens`）です。"],
+        "en": [
+            "A count renders the prompt and tokenizes it; it looks at no cache.",
+            "Anthropic's `usage` splits the prompt in two: what was read, and what came from the cache (`cache_read_input_tokens`).",
+        ],
+        "ja": [
+            "数えるときは、プロンプトを組み立ててトークンに分けるだけで、キャッシュは見ません。",
+            "Anthropic の `usage` はプロンプトを二つに分けます。読んだ分と、キャッシュから来た分（`cache_read_input_tokens`）です。",
+        ],
     },
-    answer='''
+    answer="""
 # Your answer: what count_tokens says for a Messages request, from its answer alone
 def prompt_size(answer):
     ...
-''',
+""",
     check="ex.q4.check(prompt_size)",
     solution='''
 def prompt_size(answer: dict) -> int:
@@ -372,22 +385,25 @@ for (server, path), answer in counted.items():
 )
 
 exercise(
-    2, 5,
+    2,
+    5,
     answer_note={
         "en": "In the answer cell: `was_cut(api, answer, budget)`. The check calls it on answers it asks for now, of the "
-              "three APIs on both servers, cut at another budget, whole, and ended by a stop string.",
+        "three APIs on both servers, cut at another budget, whole, and ended by a stop string.",
         "ja": "答えのセルには `was_cut(api, answer, budget)` を書きます。チェックは、いま両方のサーバーで三つの API に求めた答え"
-              "（別の予算で切られたもの、全部そろったもの、停止文字列で終わったもの）で呼びます。",
+        "（別の予算で切られたもの、全部そろったもの、停止文字列で終わったもの）で呼びます。",
     },
     hints={
         "en": ["A stop string ends an answer too, and it is not the budget: Messages says `stop_sequence`, or llama-server's `end_turn`."],
-        "ja": ["停止文字列も答えを終わらせますが、それは予算ではありません。Messages では `stop_sequence`、llama-server では `end_turn` です。"],
+        "ja": [
+            "停止文字列も答えを終わらせますが、それは予算ではありません。Messages では `stop_sequence`、llama-server では `end_turn` です。"
+        ],
     },
-    answer='''
+    answer="""
 # Your answer: True when the token budget ended the answer, for any of the three APIs, from either server
 def was_cut(api, answer, budget):
     ...
-''',
+""",
     check="ex.q5.check(was_cut)",
     solution=None,
 )
@@ -395,23 +411,24 @@ def was_cut(api, answer, budget):
 # --- chapter 3 ---------------------------------------------------------------------------------------------------------
 
 exercise(
-    3, 1,
+    3,
+    1,
     answer_note={
         "en": "In the answer cell: `intact`, for each reader True if it still gets every chunk. The check records the "
-              "French stream from the slot server now, puts the pings in, and reads it as the exercise says.",
+        "French stream from the slot server now, puts the pings in, and reads it as the exercise says.",
         "ja": "答えのセルには `intact` を書きます。読み手ごとに、チャンクを全部まだ受け取れるなら True です。チェックはいまスロットサーバーから"
-              "フランス語のストリームを記録し、ping を入れて、演習のとおりに読みます。",
+        "フランス語のストリームを記録し、ping を入れて、演習のとおりに読みます。",
     },
     hints={
         "en": ["`naive_parse` reads the whole body in one read here, and only looks at lines that start with `data: {`."],
         "ja": ["ここで `naive_parse` は本文を一度に読み、`data: {` で始まる行しか見ません。"],
     },
-    answer='''
+    answer="""
 # Your answer: for each reader, True if it still gets every chunk of the pinged stream
 intact = {"events_of": ..., "naive_parse": ..., "sse_parse": ...}
-''',
+""",
     check="ex.q1.check(intact)",
-    solution='''
+    solution="""
 intact = {"events_of": False, "naive_parse": True, "sse_parse": True}  # splitting on blank lines hands ": ping" to json.loads
 
 pinged = raw_oai["French"].replace(b"\\n\\n", b"\\n\\n: ping\\n\\n")
@@ -424,27 +441,28 @@ print(tr("naive_parse intact:"), naive_parse(replay(pinged, len(pinged))) == cle
 assert (sse_parse(replay(pinged, 7)) == clean) == intact["sse_parse"]  # a real SSE parser skips comments, wherever the reads cut
 assert (naive_parse(replay(pinged, len(pinged))) == clean) == intact["naive_parse"]  # one read: no line is cut
 assert (": ping" not in by_split) == intact["events_of"]  # splitting on blank lines hands the comments to json.loads
-''',
+""",
 )
 
 exercise(
-    3, 2,
+    3,
+    2,
     answer_note={
         "en": "In the answer cell: `goes_on_for_nobody`, True if llama-server keeps generating after the client left. "
-              "The check repeats the experiment on llama-server now.",
+        "The check repeats the experiment on llama-server now.",
         "ja": "答えのセルには `goes_on_for_nobody` を書きます。クライアントが去った後も llama-server が生成を続けるなら True です。"
-              "チェックはいま llama-server で実験を繰り返します。",
+        "チェックはいま llama-server で実験を繰り返します。",
     },
     hints={
         "en": ["2,000 tokens take far longer than the few seconds the slot stays busy, or not."],
         "ja": ["2,000 トークンの生成には、スロットが処理中のままでいる数秒よりずっと長くかかります。そうなるかどうかを見てください。"],
     },
-    answer='''
+    answer="""
 # Your answer: a prediction
 goes_on_for_nobody = ...  # True if llama-server keeps generating after the client left
-''',
+""",
     check="ex.q2.check(goes_on_for_nobody)",
-    solution='''
+    solution="""
 goes_on_for_nobody = False  # handle_completions_impl checks should_stop() between results: the task is cancelled
 
 with launch.serve("llama-server", "-np", "1", "-c", "4096", "-t", "1") as llama_leave:
@@ -462,28 +480,33 @@ print(tr("llama-server: the slot was idle {seconds:.2f} s after the client left"
 print(upstream.find("handle_completions_impl").around("stopping streaming due to should_stop condition", 2, 1))
 assert (their_idle_after > 10) == goes_on_for_nobody  # far less than 2,000 tokens would take: it stopped for nobody
 assert their_n_decoded == 4  # and the freed slot serves the next request
-''',
+""",
 )
 
 exercise(
-    3, 3,
+    3,
+    3,
     answer_note={
         "en": "In the answer cell: two predictions, `openai_refuses` (the `openai` client refuses llama-server's Responses "
-              "events) and `anthropic_gives_ping` (the `anthropic` client hands you the slot server's `ping`). The check "
-              "streams through both clients now.",
+        "events) and `anthropic_gives_ping` (the `anthropic` client hands you the slot server's `ping`). The check "
+        "streams through both clients now.",
         "ja": "答えのセルには二つの予想を書きます。`openai_refuses`（`openai` クライアントが llama-server の Responses のイベントを拒む）と "
-              "`anthropic_gives_ping`（`anthropic` クライアントがスロットサーバーの `ping` を渡してくる）です。チェックはいま両方のクライアントで"
-              "ストリーミングします。",
+        "`anthropic_gives_ping`（`anthropic` クライアントがスロットサーバーの `ping` を渡してくる）です。チェックはいま両方のクライアントで"
+        "ストリーミングします。",
     },
     hints={
-        "en": ["A client library parses what it knows and keeps going: a missing field is None, an event it has no use for may be dropped."],
-        "ja": ["クライアントライブラリは、知っているものを解析して先へ進みます。欠けたフィールドは None になり、使い道のないイベントは捨てられることがあります。"],
+        "en": [
+            "A client library parses what it knows and keeps going: a missing field is None, an event it has no use for may be dropped."
+        ],
+        "ja": [
+            "クライアントライブラリは、知っているものを解析して先へ進みます。欠けたフィールドは None になり、使い道のないイベントは捨てられることがあります。"
+        ],
     },
-    answer='''
+    answer="""
 # Your answer: two predictions, True or False
 openai_refuses = ...  # the openai client refuses llama-server's Responses events (they have no sequence_number)
 anthropic_gives_ping = ...  # the anthropic client hands you the slot server's ping
-''',
+""",
     check="ex.q3.check(openai_refuses, anthropic_gives_ping)",
     solution='''
 import anthropic
@@ -522,47 +545,51 @@ assert not openai_refuses
 )
 
 exercise(
-    3, 4,
+    3,
+    4,
     new=True,
     statement={
         "en": "**Exercise 4 — your own SSE reader.** Write `read_events(reads)`: it takes the body of a stream as it "
-              "arrives, an iterable of `bytes` (network reads, cut anywhere: inside a line, inside a UTF-8 character), "
-              "and returns its events as `(name, data)` pairs: `name` from the event's `event:` line (None without one), "
-              "`data` its `data:` lines joined with a newline. Read it as the SSE specification does: a line ends at "
-              "`\\n`, `\\r\\n` or `\\r`; a line that starts with `:` is a comment; a field's value loses one space after "
-              "the colon; other fields (`id:`, `retry:`) are ignored; a blank line ends an event, if it has data; an "
-              "event still open when the body ends is dropped.",
+        "arrives, an iterable of `bytes` (network reads, cut anywhere: inside a line, inside a UTF-8 character), "
+        "and returns its events as `(name, data)` pairs: `name` from the event's `event:` line (None without one), "
+        "`data` its `data:` lines joined with a newline. Read it as the SSE specification does: a line ends at "
+        "`\\n`, `\\r\\n` or `\\r`; a line that starts with `:` is a comment; a field's value loses one space after "
+        "the colon; other fields (`id:`, `retry:`) are ignored; a blank line ends an event, if it has data; an "
+        "event still open when the body ends is dropped.",
         "ja": "**演習 4 — 自分の SSE リーダー。** `read_events(reads)` を書いてください。ストリームの本文を届いたとおりに、"
-              "`bytes` の反復可能オブジェクト（どこでも切れるネットワークの読み取り。行の途中でも、UTF-8 の文字の途中でも）として受け取り、"
-              "そのイベントを `(name, data)` の組で返します。`name` はイベントの `event:` 行から取り（なければ None）、`data` はその "
-              "`data:` 行を改行でつないだものです。SSE の仕様どおりに読んでください。行は `\\n`、`\\r\\n`、`\\r` のどれかで終わります。"
-              "`:` で始まる行はコメントです。フィールドの値はコロンの後の空白を一つ落とします。ほかのフィールド（`id:`、`retry:`）は無視します。"
-              "空行はデータのあるイベントを終わらせます。本文が終わった時点でまだ開いているイベントは捨てます。",
+        "`bytes` の反復可能オブジェクト（どこでも切れるネットワークの読み取り。行の途中でも、UTF-8 の文字の途中でも）として受け取り、"
+        "そのイベントを `(name, data)` の組で返します。`name` はイベントの `event:` 行から取り（なければ None）、`data` はその "
+        "`data:` 行を改行でつないだものです。SSE の仕様どおりに読んでください。行は `\\n`、`\\r\\n`、`\\r` のどれかで終わります。"
+        "`:` で始まる行はコメントです。フィールドの値はコロンの後の空白を一つ落とします。ほかのフィールド（`id:`、`retry:`）は無視します。"
+        "空行はデータのあるイベントを終わらせます。本文が終わった時点でまだ開いているイベントは捨てます。",
     },
     answer_note={
         "en": "In the answer cell: `read_events(reads)`. The check replays streams it records now from the slot server "
-              "and llama-server (chat in French and Japanese, Responses, Messages), as sent and with pings, CRLF line "
-              "ends, extra fields, a data split over two lines and an unfinished last event, in reads of 1, 7 and 4096 "
-              "bytes, and compares every event with what the specification says.",
+        "and llama-server (chat in French and Japanese, Responses, Messages), as sent and with pings, CRLF line "
+        "ends, extra fields, a data split over two lines and an unfinished last event, in reads of 1, 7 and 4096 "
+        "bytes, and compares every event with what the specification says.",
         "ja": "答えのセルには `read_events(reads)` を書きます。チェックは、いまスロットサーバーと llama-server から記録したストリーム"
-              "（フランス語と日本語のチャット、Responses、Messages）を、そのままの形と、ping、CRLF の行末、余分なフィールド、"
-              "二行に分かれた data、終わっていない最後のイベントを加えた形で、1、7、4096 バイトずつ読ませ、すべてのイベントを仕様どおりの結果と比べます。",
+        "（フランス語と日本語のチャット、Responses、Messages）を、そのままの形と、ping、CRLF の行末、余分なフィールド、"
+        "二行に分かれた data、終わっていない最後のイベントを加えた形で、1、7、4096 バイトずつ読ませ、すべてのイベントを仕様どおりの結果と比べます。",
     },
     hints={
-        "en": ["Keep bytes until a line is whole, and decode a line only then: a read can end inside a character.",
-               "`\\r\\n` and `\\r`: turn them into `\\n` in the bytes you hold, but a `\\r` at the very end of a read may be "
-               "the first half of a `\\r\\n`: wait for the next read.",
-               "A blank line ends the event: append `(name, \"\\n\".join(data))` if there was data, then start afresh "
-               "(name None, no data)."],
-        "ja": ["行がそろうまではバイトのまま持ち、そろってからデコードします。読み取りは文字の途中で終わることがあります。",
-               "`\\r\\n` と `\\r` は、持っているバイトの中で `\\n` に置き換えます。ただし読み取りの最後の `\\r` は `\\r\\n` の前半かもしれないので、次の読み取りを待ちます。",
-               "空行でイベントが終わります。データがあれば `(name, \"\\n\".join(data))` を加え、名前を None に、データを空にして始め直します。"],
+        "en": [
+            "Keep bytes until a line is whole, and decode a line only then: a read can end inside a character.",
+            "`\\r\\n` and `\\r`: turn them into `\\n` in the bytes you hold, but a `\\r` at the very end of a read may be "
+            "the first half of a `\\r\\n`: wait for the next read.",
+            'A blank line ends the event: append `(name, "\\n".join(data))` if there was data, then start afresh (name None, no data).',
+        ],
+        "ja": [
+            "行がそろうまではバイトのまま持ち、そろってからデコードします。読み取りは文字の途中で終わることがあります。",
+            "`\\r\\n` と `\\r` は、持っているバイトの中で `\\n` に置き換えます。ただし読み取りの最後の `\\r` は `\\r\\n` の前半かもしれないので、次の読み取りを待ちます。",
+            '空行でイベントが終わります。データがあれば `(name, "\\n".join(data))` を加え、名前を None に、データを空にして始め直します。',
+        ],
     },
-    answer='''
+    answer="""
 # Your answer: an SSE reader, as the specification reads a stream
 def read_events(reads):
     ...
-''',
+""",
     check="ex.q4.check(read_events)",
     solution='''
 def read_events(reads) -> list[tuple[str | None, str]]:
@@ -610,42 +637,46 @@ assert read_events(japanese[i : i + 7] for i in range(0, len(japanese), 7)) == b
 ''',
 )
 PO_ADDITIONS["03_sse_format.po"] = {
-    "{n} events of the Japanese stream, read 7 bytes at a time: the same as httpx-sse's: {same}":
-        "日本語のストリームのイベント {n} 個を 7 バイトずつ読んだ結果は httpx-sse と同じ: {same}",
+    "{n} events of the Japanese stream, read 7 bytes at a time: the same as httpx-sse's: {same}": "日本語のストリームのイベント {n} 個を 7 バイトずつ読んだ結果は httpx-sse と同じ: {same}",
 }
 
 # --- chapter 4 ---------------------------------------------------------------------------------------------------------
 
 exercise(
-    4, 1,
+    4,
+    1,
     keep_hint=False,
     answer_note={
         "en": "In the answer cell: `steps_beside_two` and `steps_alone`, the prompt tokens of each step (two lists of "
-              "numbers, in order). The check plans the steps with `build_batch` now.",
+        "numbers, in order). The check plans the steps with `build_batch` now.",
         "ja": "答えのセルには `steps_beside_two` と `steps_alone` を書きます。各ステップのプロンプトトークンの数（数のリストを二つ、順に）です。"
-              "チェックはいま `build_batch` でステップを計画します。",
+        "チェックはいま `build_batch` でステップを計画します。",
     },
     hints={
-        "en": ["A generating stream puts one token in every step: beside two of them, how many of the 64 are left for the prompt?",
-               "A busy slot and its job: `slot.job = Job(request, None, Detokenizer(bytes), StopMatcher(), request.prompt, n_done)` "
-               "(from `llmkit.engine.job` and `llmkit.text`; no sampler, since nothing samples here), `n_done` the prompt's "
-               "length for a generating one (then also `slot.append(request.prompt)` and `job.last_token = 7`), 0 for one "
-               "still reading. `build_batch(busy, 512, budget)` takes `(slot, job)` pairs and returns the plan; to commit a "
-               "chunk, `chunk.slot.append(chunk.tokens)` and, for a prompt chunk, `chunk.job.read(len(chunk.tokens))`.",
-               "With no stream, read the docstring of `build_batch`: whom would the budget protect?"],
-        "ja": ["生成中のストリームは、毎ステップ 1 トークンを入れます。それが二つ並ぶと、64 のうちプロンプトに残るのはいくつでしょうか。",
-               "処理中のスロットとそのジョブは `slot.job = Job(request, None, Detokenizer(bytes), StopMatcher(), request.prompt, n_done)` です"
-               "（`llmkit.engine.job` と `llmkit.text` から。ここでは何もサンプリングしないのでサンプラーはなし）。`n_done` は、生成中ならプロンプトの長さ"
-               "（このときは `slot.append(request.prompt)` と `job.last_token = 7` も）、まだ読んでいるなら 0 です。`build_batch(busy, 512, budget)` は "
-               "`(slot, job)` の組を受け取って計画を返します。チャンクを反映するには `chunk.slot.append(chunk.tokens)`、プロンプトのチャンクなら "
-               "`chunk.job.read(len(chunk.tokens))` もします。",
-               "ストリームがないときは `build_batch` の docstring を読んでください。予算は誰を守るためのものでしょうか。"],
+        "en": [
+            "A generating stream puts one token in every step: beside two of them, how many of the 64 are left for the prompt?",
+            "A busy slot and its job: `slot.job = Job(request, None, Detokenizer(bytes), StopMatcher(), request.prompt, n_done)` "
+            "(from `llmkit.engine.job` and `llmkit.text`; no sampler, since nothing samples here), `n_done` the prompt's "
+            "length for a generating one (then also `slot.append(request.prompt)` and `job.last_token = 7`), 0 for one "
+            "still reading. `build_batch(busy, 512, budget)` takes `(slot, job)` pairs and returns the plan; to commit a "
+            "chunk, `chunk.slot.append(chunk.tokens)` and, for a prompt chunk, `chunk.job.read(len(chunk.tokens))`.",
+            "With no stream, read the docstring of `build_batch`: whom would the budget protect?",
+        ],
+        "ja": [
+            "生成中のストリームは、毎ステップ 1 トークンを入れます。それが二つ並ぶと、64 のうちプロンプトに残るのはいくつでしょうか。",
+            "処理中のスロットとそのジョブは `slot.job = Job(request, None, Detokenizer(bytes), StopMatcher(), request.prompt, n_done)` です"
+            "（`llmkit.engine.job` と `llmkit.text` から。ここでは何もサンプリングしないのでサンプラーはなし）。`n_done` は、生成中ならプロンプトの長さ"
+            "（このときは `slot.append(request.prompt)` と `job.last_token = 7` も）、まだ読んでいるなら 0 です。`build_batch(busy, 512, budget)` は "
+            "`(slot, job)` の組を受け取って計画を返します。チャンクを反映するには `chunk.slot.append(chunk.tokens)`、プロンプトのチャンクなら "
+            "`chunk.job.read(len(chunk.tokens))` もします。",
+            "ストリームがないときは `build_batch` の docstring を読んでください。予算は誰を守るためのものでしょうか。",
+        ],
     },
-    answer='''
+    answer="""
 # Your answer: the prompt tokens of each step (two lists of numbers)
 steps_beside_two = ...  # beside two generating streams, budget 64
 steps_alone = ...  # with no stream, budget 64
-''',
+""",
     check="ex.q1.check(steps_beside_two, steps_alone)",
     solution='''
 from llmkit.engine.job import Job
@@ -688,44 +719,48 @@ assert steps_alone == [300]  # nobody waits on this step: the budget does not ap
 )
 
 exercise(
-    4, 2,
+    4,
+    2,
     keep_hint=True,
     answer_note={
         "en": "In the answer cell: `widest` (the most slots one step serves) and `waited` (how many requests start only "
-              "after the first one has ended), two numbers. The check runs the same engine now.",
+        "after the first one has ended), two numbers. The check runs the same engine now.",
         "ja": "答えのセルには `widest`（一つのステップが扱うスロットの最大数）と `waited`（最初のリクエストが終わってから始まるリクエストの数）の"
-              "二つの数を書きます。チェックはいま同じエンジンを動かします。",
+        "二つの数を書きます。チェックはいま同じエンジンを動かします。",
     },
     hints={
         "en": ["Each request's `outcome` has `t_start` (when it got a slot) and `t_end` (when it left it)."],
         "ja": ["各リクエストの `outcome` には `t_start`（スロットを得た時刻）と `t_end`（スロットを離れた時刻）があります。"],
     },
-    answer='''
+    answer="""
 # Your answer: two numbers
 widest = ...  # the most slots one step serves
 waited = ...  # how many of the 6 requests start only after the first one has ended
-''',
+""",
     check="ex.q2.check(widest, waited)",
     solution=None,  # the notebook's solution measures widest and waited
 )
 
 exercise(
-    4, 3,
+    4,
+    3,
     answer_note={
         "en": "In the answer cell: `decodes_alone`, the `llama_decode` calls each server makes for the prompt (a dict of "
-              "three numbers). The check measures them now on the three servers (±1 at `-b 128`: the prompt is *about* "
-              "1,400 tokens).",
+        "three numbers). The check measures them now on the three servers (±1 at `-b 128`: the prompt is *about* "
+        "1,400 tokens).",
         "ja": "答えのセルには `decodes_alone` を書きます。各サーバーがそのプロンプトのために呼ぶ `llama_decode` の回数です（三つの数の dict）。"
-              "チェックはいま三つのサーバーで測ります（`-b 128` では ±1 を認めます。プロンプトは*約* 1,400 トークンだからです）。",
+        "チェックはいま三つのサーバーで測ります（`-b 128` では ±1 を認めます。プロンプトは*約* 1,400 トークンだからです）。",
     },
     hints={
         "en": ["`-b` is the most tokens one `llama_decode` takes, always; llmkit's budget applies only to a step that carries a stream."],
-        "ja": ["`-b` は一回の `llama_decode` が受け取るトークンの上限で、常にかかります。llmkit の予算は、ストリームを運ぶステップにだけかかります。"],
+        "ja": [
+            "`-b` は一回の `llama_decode` が受け取るトークンの上限で、常にかかります。llmkit の予算は、ストリームを運ぶステップにだけかかります。"
+        ],
     },
-    answer='''
+    answer="""
 # Your answer: llama_decode calls for one prompt of about 1,400 tokens, alone
 decodes_alone = {"llama-server -b 2048": ..., "llama-server -b 128": ..., "slot server": ...}
-''',
+""",
     check="ex.q3.check(decodes_alone)",
     solution='''
 LONE_TOKENS = 1400  # a made-up harbour log: one step at -b 2048, eleven or twelve at -b 128
@@ -760,42 +795,47 @@ assert all(d == math.ceil(n / 128) and abs(d - decodes_alone["llama-server -b 12
 )
 
 exercise(
-    4, 4,
+    4,
+    4,
     new=True,
     statement={
         "en": "**Exercise 4 — a policy of your own.** The engine asks a scheduling policy (`llmkit.engine.scheduler.Policy`) "
-              "four questions: in which order the waiting requests are offered a slot (`order`), which slot a request "
-              "gets (`choose_slot`), which running job makes room for it (`victim`), and whose prompt fills a step first "
-              "(`prompt_order`). Write `FewTokensFirst`, a policy that serves first the requests asking for the fewest "
-              "tokens: a subclass of `LlamaServerPolicy` (it keeps llama-server's slot choice and never preempts) whose "
-              "`order` sorts the waiting requests by `params.max_tokens`, fewest first, a request without a limit (`-1`) "
-              "last, ties in arrival order (`request.id`), and whose `prompt_order` reads the prompts in the same order "
-              "(it gets `(slot, job)` pairs; the request is `job.request`). Predict first: one slot, busy, and four "
-              "requests waiting that ask for 12, 2, 40 and 6 tokens, in that order: in which order do they start?",
+        "four questions: in which order the waiting requests are offered a slot (`order`), which slot a request "
+        "gets (`choose_slot`), which running job makes room for it (`victim`), and whose prompt fills a step first "
+        "(`prompt_order`). Write `FewTokensFirst`, a policy that serves first the requests asking for the fewest "
+        "tokens: a subclass of `LlamaServerPolicy` (it keeps llama-server's slot choice and never preempts) whose "
+        "`order` sorts the waiting requests by `params.max_tokens`, fewest first, a request without a limit (`-1`) "
+        "last, ties in arrival order (`request.id`), and whose `prompt_order` reads the prompts in the same order "
+        "(it gets `(slot, job)` pairs; the request is `job.request`). Predict first: one slot, busy, and four "
+        "requests waiting that ask for 12, 2, 40 and 6 tokens, in that order: in which order do they start?",
         "ja": "**演習 4 — 自分のポリシー。** エンジンはスケジューリングのポリシー（`llmkit.engine.scheduler.Policy`）に四つのことを尋ねます。"
-              "待っているリクエストにどの順でスロットを渡すか（`order`）、リクエストがどのスロットを得るか（`choose_slot`）、動いているどのジョブが場所を空けるか"
-              "（`victim`）、どのプロンプトが先にステップを埋めるか（`prompt_order`）です。求めるトークンが最も少ないリクエストを先に処理するポリシー "
-              "`FewTokensFirst` を書いてください。`LlamaServerPolicy` のサブクラスで（llama-server のスロットの選び方を保ち、横取りはしません）、"
-              "`order` は待っているリクエストを `params.max_tokens` の少ない順に並べ、上限のないリクエスト（`-1`）は最後、同じなら到着順（`request.id`）にします。"
-              "`prompt_order` も同じ順でプロンプトを読みます（受け取るのは `(slot, job)` の組で、リクエストは `job.request` です）。先に予想してください。"
-              "スロットが一つで使用中のとき、12、2、40、6 トークンを求める四つのリクエストがこの順で待っていたら、どの順に始まるでしょうか。",
+        "待っているリクエストにどの順でスロットを渡すか（`order`）、リクエストがどのスロットを得るか（`choose_slot`）、動いているどのジョブが場所を空けるか"
+        "（`victim`）、どのプロンプトが先にステップを埋めるか（`prompt_order`）です。求めるトークンが最も少ないリクエストを先に処理するポリシー "
+        "`FewTokensFirst` を書いてください。`LlamaServerPolicy` のサブクラスで（llama-server のスロットの選び方を保ち、横取りはしません）、"
+        "`order` は待っているリクエストを `params.max_tokens` の少ない順に並べ、上限のないリクエスト（`-1`）は最後、同じなら到着順（`request.id`）にします。"
+        "`prompt_order` も同じ順でプロンプトを読みます（受け取るのは `(slot, job)` の組で、リクエストは `job.request` です）。先に予想してください。"
+        "スロットが一つで使用中のとき、12、2、40、6 トークンを求める四つのリクエストがこの順で待っていたら、どの順に始まるでしょうか。",
     },
     answer_note={
         "en": "In the answer cell: the class `FewTokensFirst`. The check runs its `order` and `prompt_order` on requests it "
-              "makes up, then puts it in a real engine with one slot (`EngineConfig(policy=FewTokensFirst())`) and "
-              "compares the order in which the four requests start.",
+        "makes up, then puts it in a real engine with one slot (`EngineConfig(policy=FewTokensFirst())`) and "
+        "compares the order in which the four requests start.",
         "ja": "答えのセルにはクラス `FewTokensFirst` を書きます。チェックは、作ったリクエストで `order` と `prompt_order` を動かしてから、"
-              "スロット一つの実際のエンジン（`EngineConfig(policy=FewTokensFirst())`）に入れて、四つのリクエストが始まる順を比べます。",
+        "スロット一つの実際のエンジン（`EngineConfig(policy=FewTokensFirst())`）に入れて、四つのリクエストが始まる順を比べます。",
     },
     hints={
-        "en": ["`sorted(waiting, key=...)` with a tuple for the key: `(tokens asked, request.id)`. For `-1`, count `math.inf` tokens.",
-               "A policy is a frozen dataclass with a class variable `name`: keep the answer cell's first lines as they are.",
-               "`prompt_order(reading)` sorts pairs: the same key, of `pair[1].request`."],
-        "ja": ["`sorted(waiting, key=...)` のキーにタプル `(求めるトークン数, request.id)` を使います。`-1` は `math.inf` トークンと数えます。",
-               "ポリシーはクラス変数 `name` を持つ frozen の dataclass です。答えのセルの最初の数行はそのままにしてください。",
-               "`prompt_order(reading)` は組を並べます。`pair[1].request` について同じキーを使います。"],
+        "en": [
+            "`sorted(waiting, key=...)` with a tuple for the key: `(tokens asked, request.id)`. For `-1`, count `math.inf` tokens.",
+            "A policy is a frozen dataclass with a class variable `name`: keep the answer cell's first lines as they are.",
+            "`prompt_order(reading)` sorts pairs: the same key, of `pair[1].request`.",
+        ],
+        "ja": [
+            "`sorted(waiting, key=...)` のキーにタプル `(求めるトークン数, request.id)` を使います。`-1` は `math.inf` トークンと数えます。",
+            "ポリシーはクラス変数 `name` を持つ frozen の dataclass です。答えのセルの最初の数行はそのままにしてください。",
+            "`prompt_order(reading)` は組を並べます。`pair[1].request` について同じキーを使います。",
+        ],
     },
-    answer='''
+    answer="""
 # Your answer: a scheduling policy (a class)
 import math
 from dataclasses import dataclass
@@ -813,7 +853,7 @@ class FewTokensFirst(LlamaServerPolicy):
 
     def prompt_order(self, reading):
         ...
-''',
+""",
     check="ex.q4.check(FewTokensFirst)",
     solution='''
 import math
@@ -862,30 +902,30 @@ assert start_order(FewTokensFirst()) == [2, 6, 12, 40] and start_order(LlamaServ
 ''',
 )
 PO_ADDITIONS["04_concurrency.po"] = {
-    "started, as the tokens they asked for: {policy} with FewTokensFirst, {fifo} with llama-server's policy":
-        "始まった順（求めたトークン数で表示）: FewTokensFirst では {policy}、llama-server のポリシーでは {fifo}",
+    "started, as the tokens they asked for: {policy} with FewTokensFirst, {fifo} with llama-server's policy": "始まった順（求めたトークン数で表示）: FewTokensFirst では {policy}、llama-server のポリシーでは {fifo}",
 }
 
 # --- chapter 5 ---------------------------------------------------------------------------------------------------------
 
 exercise(
-    5, 1,
+    5,
+    1,
     answer_note={
         "en": "In the answer cell: `smallest_shared(n)`, the smallest *k* that keeps slot 1 for a prompt of *n* tokens, for "
-              "any *n*. The check calls it on the three lengths above and on lengths it has not shown, and compares with "
-              "`choose_slot`.",
+        "any *n*. The check calls it on the three lengths above and on lengths it has not shown, and compares with "
+        "`choose_slot`.",
         "ja": "答えのセルには `smallest_shared(n)` を書きます。*n* トークンのプロンプトでスロット 1 が選ばれ続ける最小の *k* を、どんな *n* にも返す関数です。"
-              "チェックは上の三つの長さと、まだ見せていない長さで呼び、`choose_slot` と比べます。",
+        "チェックは上の三つの長さと、まだ見せていない長さで呼び、`choose_slot` と比べます。",
     },
     hints={
         "en": ["Is it `>` or `>=`? A prompt of 100 tokens sharing exactly 10 is exactly 10 %."],
         "ja": ["`>` でしょうか、`>=` でしょうか。100 トークンのプロンプトがちょうど 10 トークンを共有すると、ちょうど 10 % です。"],
     },
-    answer='''
+    answer="""
 # Your answer: the smallest shared prefix that keeps slot 1, for a prompt of n tokens (a function)
 def smallest_shared(n):
     ...
-''',
+""",
     check="ex.q1.check(smallest_shared)",
     solution='''
 def picks_similar_slot(k: int, n: int) -> bool:
@@ -913,24 +953,27 @@ for n in (100, 150, 37):
 )
 
 exercise(
-    5, 2,
+    5,
+    2,
     answer_note={
         "en": "In the answer cell: `share_moved_dropped`, the share of the new prompt's tokens moved in (a), from 0 to 1 "
-              "(within ±0.1: the template's tokens are hard to count by eye), and `moved_inserted`, `moved_too_large`, the "
-              "tokens moved in (b) and (c). The check runs the loop on the chapter's chat now.",
+        "(within ±0.1: the template's tokens are hard to count by eye), and `moved_inserted`, `moved_too_large`, the "
+        "tokens moved in (b) and (c). The check runs the loop on the chapter's chat now.",
         "ja": "答えのセルには、(a) で新しいプロンプトのトークンのうち移動される割合 `share_moved_dropped`（0 から 1。テンプレートのトークンは目で数えにくいので ±0.1 を認めます）と、"
-              "(b) と (c) で移動されるトークン数 `moved_inserted`、`moved_too_large` を書きます。チェックはいま章の会話でループを動かします。",
+        "(b) と (c) で移動されるトークン数 `moved_inserted`、`moved_too_large` を書きます。チェックはいま章の会話でループを動かします。",
     },
     hints={
         "en": ["Which tokens does the loop skip when cache and prompt differ: the cache's, or the prompt's?"],
-        "ja": ["キャッシュとプロンプトが食い違ったとき、ループが飛ばすのはキャッシュのトークンでしょうか、プロンプトのトークンでしょうか。"],
+        "ja": [
+            "キャッシュとプロンプトが食い違ったとき、ループが飛ばすのはキャッシュのトークンでしょうか、プロンプトのトークンでしょうか。"
+        ],
     },
-    answer='''
+    answer="""
 # Your answer: three predictions
 share_moved_dropped = ...  # (a) the share of the new prompt's tokens moved, from 0 to 1
 moved_inserted = ...  # (b) tokens moved
 moved_too_large = ...  # (c) tokens moved
-''',
+""",
     check="ex.q2.check(share_moved_dropped, moved_inserted, moved_too_large)",
     solution='''
 class FakeContext:
@@ -963,24 +1006,27 @@ assert moved_too_large == 0
 )
 
 exercise(
-    5, 3,
+    5,
+    3,
     answer_note={
         "en": "In the answer cell: `bytes_per_token` and `tokens_in_8192_mib`, two numbers. The check saves prompts in a "
-              "prompt cache now and measures (within 10 %: a saved sequence also carries a small header).",
+        "prompt cache now and measures (within 10 %: a saved sequence also carries a small header).",
         "ja": "答えのセルには `bytes_per_token` と `tokens_in_8192_mib` の二つの数を書きます。チェックはいまプロンプトキャッシュにプロンプトを保存して測ります"
-              "（10 % 以内を認めます。保存したシーケンスには小さなヘッダーも付くからです）。",
+        "（10 % 以内を認めます。保存したシーケンスには小さなヘッダーも付くからです）。",
     },
     hints={
         "en": ["Three numbers from the metadata multiply out: layers, KV heads, and the head size; then K and V, and 2 bytes each."],
-        "ja": ["メタデータの三つの数を掛け合わせます。層の数、KV ヘッドの数、ヘッドの大きさです。それに K と V の二つと、それぞれ 2 バイトを掛けます。"],
+        "ja": [
+            "メタデータの三つの数を掛け合わせます。層の数、KV ヘッドの数、ヘッドの大きさです。それに K と V の二つと、それぞれ 2 バイトを掛けます。"
+        ],
     },
-    answer='''
+    answer="""
 # Your answer: two numbers
 bytes_per_token = ...  # bytes of KV cells one token takes
 tokens_in_8192_mib = ...  # how many tokens the default 8192 MiB hold
-''',
+""",
     check="ex.q3.check(bytes_per_token, tokens_in_8192_mib)",
-    solution='''
+    solution="""
 n_layer = int(MODEL.meta("llama.block_count"))
 n_head, n_head_kv = int(MODEL.meta("llama.attention.head_count")), int(MODEL.meta("llama.attention.head_count_kv"))
 head_dim = MODEL.n_embd // n_head
@@ -991,50 +1037,55 @@ print(tr("{n_layer} layers, {n_head_kv} KV heads of {head_dim}: {predicted} byte
 print(tr("so {limit} MiB hold about {tokens:.0f} tokens, and the default 8192 MiB about {many}",
          limit=LIMIT_MIB, tokens=LIMIT_MIB * MIB / bytes_per_token, many=large_number(tokens_in_8192_mib)))
 assert abs(per_token - bytes_per_token) / bytes_per_token < 0.1  # the rest: a small header per saved sequence
-''',
+""",
 )
 
 exercise(
-    5, 4,
+    5,
+    4,
     new=True,
     statement={
         "en": "**Exercise 4 — which cached prompt comes back.** When a request lands on a slot it shares little with, "
-              "the slot's prompt goes to the RAM cache and the cached prompt that serves the request best comes back "
-              "(`PromptCache.load`; in llama-server, `server_prompt_cache::load`). Write that choice: "
-              "`choose_entry(entries, held, prompt)` gets the cached prompts' tokens (oldest first), the tokens the slot "
-              "holds and the new prompt's tokens, and returns the index of the entry to bring back, or None to keep what "
-              "the slot holds. Read the rule in `PromptCache.load` (or in the C++: `find(\"server_prompt_cache::load\")`).",
+        "the slot's prompt goes to the RAM cache and the cached prompt that serves the request best comes back "
+        "(`PromptCache.load`; in llama-server, `server_prompt_cache::load`). Write that choice: "
+        "`choose_entry(entries, held, prompt)` gets the cached prompts' tokens (oldest first), the tokens the slot "
+        "holds and the new prompt's tokens, and returns the index of the entry to bring back, or None to keep what "
+        'the slot holds. Read the rule in `PromptCache.load` (or in the C++: `find("server_prompt_cache::load")`).',
         "ja": "**演習 4 — どのキャッシュ済みプロンプトが戻るか。** リクエストが、ほとんど共有しないスロットに割り当てられると、そのスロットのプロンプトは RAM "
-              "キャッシュに移り、リクエストに最もよく合うキャッシュ済みのプロンプトが戻ってきます（`PromptCache.load`。llama-server では "
-              "`server_prompt_cache::load`）。その選び方を書いてください。`choose_entry(entries, held, prompt)` は、キャッシュ済みプロンプトのトークン"
-              "（古い順）、スロットが保持しているトークン、新しいプロンプトのトークンを受け取り、戻すエントリーの添字を返します。スロットの中身をそのまま使うなら "
-              "None です。規則は `PromptCache.load`（C++ なら `find(\"server_prompt_cache::load\")`）で読めます。",
+        "キャッシュに移り、リクエストに最もよく合うキャッシュ済みのプロンプトが戻ってきます（`PromptCache.load`。llama-server では "
+        "`server_prompt_cache::load`）。その選び方を書いてください。`choose_entry(entries, held, prompt)` は、キャッシュ済みプロンプトのトークン"
+        "（古い順）、スロットが保持しているトークン、新しいプロンプトのトークンを受け取り、戻すエントリーの添字を返します。スロットの中身をそのまま使うなら "
+        'None です。規則は `PromptCache.load`（C++ なら `find("server_prompt_cache::load")`）で読めます。',
     },
     answer_note={
         "en": "In the answer cell: `choose_entry(entries, held, prompt)`. The check runs it on cases it makes up, then in a "
-              "real engine whose prompt cache chooses with it, on a workload of three texts taking turns on one slot, and "
-              "compares the prompt tokens each request found in the cache with what the real llama-server found on the "
-              "same workload.",
+        "real engine whose prompt cache chooses with it, on a workload of three texts taking turns on one slot, and "
+        "compares the prompt tokens each request found in the cache with what the real llama-server found on the "
+        "same workload.",
         "ja": "答えのセルには `choose_entry(entries, held, prompt)` を書きます。チェックは作ったケースで動かしてから、プロンプトキャッシュがこの関数で選ぶ"
-              "実際のエンジンで、三つのテキストが一つのスロットを交代で使う負荷を流し、各リクエストがキャッシュから得たプロンプトトークンの数を、"
-              "同じ負荷での本物の llama-server と比べます。",
+        "実際のエンジンで、三つのテキストが一つのスロットを交代で使う負荷を流し、各リクエストがキャッシュから得たプロンプトトークンの数を、"
+        "同じ負荷での本物の llama-server と比べます。",
     },
     hints={
-        "en": ["Two shares decide: how much of the prompt an entry covers (common prefix / prompt) and how much of itself "
-               "it keeps (common prefix / entry); what the slot holds sets the bar for both.",
-               "An entry must beat the bar on both, strictly, and keep at least a quarter of itself (`MIN_KEEP`, \"don't "
-               "trash large prompts\").",
-               "An empty slot keeps nothing: its share kept starts at -1, so any entry that keeps a quarter of itself can win."],
-        "ja": ["二つの割合で決まります。エントリーがプロンプトのどれだけを覆うか（共通プレフィックス / プロンプト）と、エントリー自身のどれだけが残るか"
-               "（共通プレフィックス / エントリー）です。スロットの中身が、その両方の基準になります。",
-               "エントリーは両方で基準を厳密に上回り、しかも自分の 4 分の 1 以上を残さなければなりません（`MIN_KEEP`、\"don't trash large prompts\"）。",
-               "空のスロットは何も残しません。残る割合の基準は -1 から始まるので、自分の 4 分の 1 を残すエントリーならどれでも勝てます。"],
+        "en": [
+            "Two shares decide: how much of the prompt an entry covers (common prefix / prompt) and how much of itself "
+            "it keeps (common prefix / entry); what the slot holds sets the bar for both.",
+            "An entry must beat the bar on both, strictly, and keep at least a quarter of itself (`MIN_KEEP`, \"don't "
+            'trash large prompts").',
+            "An empty slot keeps nothing: its share kept starts at -1, so any entry that keeps a quarter of itself can win.",
+        ],
+        "ja": [
+            "二つの割合で決まります。エントリーがプロンプトのどれだけを覆うか（共通プレフィックス / プロンプト）と、エントリー自身のどれだけが残るか"
+            "（共通プレフィックス / エントリー）です。スロットの中身が、その両方の基準になります。",
+            'エントリーは両方で基準を厳密に上回り、しかも自分の 4 分の 1 以上を残さなければなりません（`MIN_KEEP`、"don\'t trash large prompts"）。',
+            "空のスロットは何も残しません。残る割合の基準は -1 から始まるので、自分の 4 分の 1 を残すエントリーならどれでも勝てます。",
+        ],
     },
-    answer='''
+    answer="""
 # Your answer: the entry the prompt cache brings back (its index), or None
 def choose_entry(entries, held, prompt):
     ...
-''',
+""",
     check="ex.q4.check(choose_entry)",
     solution='''
 from llmkit.engine.prompt_cache import MIN_KEEP
@@ -1062,52 +1113,53 @@ assert choose_entry([story], [], story[:20] + bread) is None  # 20 of 120: under
 ''',
 )
 PO_ADDITIONS["05_kv_cache.po"] = {
-    "the slot holds bread, the story is cached: entry {story}; the slot holds the story's start: {held}":
-        "スロットがパンの話を持ち、物語がキャッシュにあるとき: エントリー {story}。スロットが物語の冒頭を持つとき: {held}",
+    "the slot holds bread, the story is cached: entry {story}; the slot holds the story's start: {held}": "スロットがパンの話を持ち、物語がキャッシュにあるとき: エントリー {story}。スロットが物語の冒頭を持つとき: {held}",
 }
 
 # --- chapter 6 ---------------------------------------------------------------------------------------------------------
 
 exercise(
-    6, 1,
+    6,
+    1,
     answer_note={
         "en": "In the answer cell: `ISO_DATE`, your grammar (a string). The check parses it, tries it on dates and "
-              "look-alikes it has not shown, then asks both servers questions it has not shown, with your grammar, at "
-              "temperature 0.8.",
+        "look-alikes it has not shown, then asks both servers questions it has not shown, with your grammar, at "
+        "temperature 0.8.",
         "ja": "答えのセルには、文法 `ISO_DATE`（文字列）を書きます。チェックはそれを解析し、まだ見せていない日付と紛らわしい文字列で試してから、"
-              "まだ見せていない質問をあなたの文法で temperature 0.8 で両方のサーバーに尋ねます。",
+        "まだ見せていない質問をあなたの文法で temperature 0.8 で両方のサーバーに尋ねます。",
     },
     hints={
         "en": ["A day is `0` then `1`–`9`, `1` or `2` then any digit, or `3` then `0` or `1`."],
         "ja": ["日は、`0` のあとに `1`〜`9`、`1` か `2` のあとに任意の数字、または `3` のあとに `0` か `1` です。"],
     },
-    answer='''
+    answer="""
 # Your answer: a GBNF grammar (a string) whose only answers are dates YYYY-MM-DD
 ISO_DATE = ...
-''',
+""",
     check="ex.q1.check(ISO_DATE)",
     solution=None,
 )
 
 exercise(
-    6, 2,
+    6,
+    2,
     answer_note={
         "en": "In the answer cell: `PERCENT`, your schema, and `strict_accepts`, True if the slot server accepts it with "
-              "`strict: true`. The check sends it for reviews it has not shown, to the slot server and to llama-server.",
+        "`strict: true`. The check sends it for reviews it has not shown, to the slot server and to llama-server.",
         "ja": "答えのセルには、スキーマ `PERCENT` と、スロットサーバーが `strict: true` でそれを受け付けるなら True の `strict_accepts` を書きます。"
-              "チェックは、まだ見せていないレビューでスロットサーバーと llama-server に送ります。",
+        "チェックは、まだ見せていないレビューでスロットサーバーと llama-server に送ります。",
     },
     hints={
-        "en": ["An integer from 0 to 100 is `{\"type\": \"integer\", \"minimum\": 0, \"maximum\": 100}`; keep the rest of `SCHEMA`."],
-        "ja": ["0 から 100 の整数は `{\"type\": \"integer\", \"minimum\": 0, \"maximum\": 100}` です。`SCHEMA` の残りはそのままにします。"],
+        "en": ['An integer from 0 to 100 is `{"type": "integer", "minimum": 0, "maximum": 100}`; keep the rest of `SCHEMA`.'],
+        "ja": ['0 から 100 の整数は `{"type": "integer", "minimum": 0, "maximum": 100}` です。`SCHEMA` の残りはそのままにします。'],
     },
-    answer='''
+    answer="""
 # Your answer: the schema, and a prediction
 PERCENT = ...  # SCHEMA, with confidence an integer percentage from 0 to 100
 strict_accepts = ...  # True if the slot server accepts it with strict: true
-''',
+""",
     check="ex.q2.check(PERCENT, strict_accepts)",
-    solution='''
+    solution="""
 PERCENT = {**SCHEMA, "properties": {**SCHEMA["properties"], "confidence": {"type": "integer", "minimum": 0, "maximum": 100}}}
 PERCENT_QUESTION = QUESTION.replace("confidence (0-1)", "confidence (an integer percentage, 0-100)")
 strict_accepts = True  # the bounds of an integer are a grammar's business: strict has nothing to refuse
@@ -1125,28 +1177,29 @@ values = [json.loads(r.json()["choices"][0]["message"]["content"]) for r in perc
 print([r.status_code for r in percents], values)
 assert all(r.status_code == 200 for r in percents) == strict_accepts  # bounds are enforceable: strict accepts them
 assert all(isinstance(v["confidence"], int) and 0 <= v["confidence"] <= 100 for v in values)
-''',
+""",
 )
 
 exercise(
-    6, 3,
+    6,
+    3,
     answer_note={
         "en": "In the answer cell: `WEATHER_UNIT`, your tool, and `every_call_valid`, True if every forced call has a valid "
-              "unit. The check forces four calls for a question the notebook never asked, at temperature 0.8.",
+        "unit. The check forces four calls for a question the notebook never asked, at temperature 0.8.",
         "ja": "答えのセルには、ツール `WEATHER_UNIT` と、強制したどの呼び出しも有効な単位を持つなら True の `every_call_valid` を書きます。"
-              "チェックは、ノートブックが尋ねていない質問で、temperature 0.8 で四つの呼び出しを強制します。",
+        "チェックは、ノートブックが尋ねていない質問で、temperature 0.8 で四つの呼び出しを強制します。",
     },
     hints={
         "en": ["Build it from `WEATHER`: the same city, `unit` among the `properties`, both in `required`."],
         "ja": ["`WEATHER` から作ります。city はそのままで、`properties` に `unit` を加え、両方を `required` に入れます。"],
     },
-    answer='''
+    answer="""
 # Your answer: the tool, and a prediction
 WEATHER_UNIT = ...  # get_weather with a second required parameter, unit: "celsius" or "fahrenheit"
 every_call_valid = ...  # True if every forced call has a valid unit
-''',
+""",
     check="ex.q3.check(WEATHER_UNIT, every_call_valid)",
-    solution='''
+    solution="""
 WEATHER_UNIT = {**WEATHER, "parameters": {**WEATHER["parameters"], "required": ["city", "unit"], "properties": {
     **WEATHER["parameters"]["properties"], "unit": {"enum": ["celsius", "fahrenheit"]}}}}
 every_call_valid = True  # the rule is a choice of the two strings: a call can hold nothing else
@@ -1166,26 +1219,27 @@ unit_calls = [json.loads(c["message"]["tool_calls"][0]["function"]["arguments"])
 print(unit_calls)
 assert all(jsonschema.Draft202012Validator(WEATHER_UNIT["parameters"]).is_valid(args) for args in unit_calls) == every_call_valid
 assert all(args["unit"] in ("celsius", "fahrenheit") for args in unit_calls)
-''',
+""",
 )
 
 exercise(
-    6, 4,
+    6,
+    4,
     answer_note={
         "en": "In the answer cell: `n_calls`, how many calls the answer holds without `parallel_tool_calls`. The check "
-              "asks the slot server now.",
+        "asks the slot server now.",
         "ja": "答えのセルには、`parallel_tool_calls` なしの答えに入る呼び出しの数 `n_calls` を書きます。チェックはいまスロットサーバーに尋ねます。",
     },
     hints={
         "en": ["Compare the two `root` rules: which one can repeat?"],
         "ja": ["二つの `root` 規則を比べてください。繰り返せるのはどちらでしょうか。"],
     },
-    answer='''
+    answer="""
 # Your answer: a prediction
 n_calls = ...  # calls in the answer to two cities, without parallel_tool_calls
-''',
+""",
     check="ex.q4.check(n_calls)",
-    solution='''
+    solution="""
 n_calls = 1  # the default grammar has room for one call, then the end
 
 for parallel in (False, True):
@@ -1200,26 +1254,27 @@ print(table([(label, [c["function"]["arguments"] for c in choice["message"]["too
              for label, choice in ((tr("default"), by_default), ("parallel_tool_calls: true", asked))]))
 assert len(by_default["message"]["tool_calls"]) == n_calls  # the grammar allows one call, no more
 assert all(valid_call(**c["function"]) for c in asked["message"]["tool_calls"])
-''',
+""",
 )
 
 exercise(
-    6, 5,
+    6,
+    5,
     answer_note={
         "en": "In the answer cell: `call_mid_sentence`, True if some answer starts a call inside a sentence. The check asks "
-              "the slot server now, at four seeds.",
+        "the slot server now, at four seeds.",
         "ja": "答えのセルには、文の途中で呼び出しを始める答えがあるなら True の `call_mid_sentence` を書きます。チェックはいまスロットサーバーに四つのシードで尋ねます。",
     },
     hints={
         "en": ["To explain a tag, a model names it."],
         "ja": ["タグを説明するとき、モデルはその名前を書きます。"],
     },
-    answer='''
+    answer="""
 # Your answer: a prediction
 call_mid_sentence = ...  # True if some answer starts a call inside a sentence
-''',
+""",
     check="ex.q5.check(call_mid_sentence)",
-    solution='''
+    solution="""
 call_mid_sentence = True  # the trigger is a word in the text: naming the tag is writing it
 
 
@@ -1237,31 +1292,32 @@ for seed, choice in enumerate(about_tag):
 mid_sentence = [c for c in about_tag if c["message"]["content"] and c["message"].get("tool_calls")]
 assert bool(mid_sentence) == call_mid_sentence  # text, then the word, then a call: the trigger fired inside a sentence
 assert all(valid_call(**call["function"]) for c in about_tag if c["finish_reason"] == "tool_calls" for call in c["message"]["tool_calls"])
-''',
+""",
 )
 
 # --- chapter 7 ---------------------------------------------------------------------------------------------------------
 
 exercise(
-    7, 1,
+    7,
+    1,
     answer_note={
         "en": "In the answer cell: `b_by_similarity`, True if B takes A's slot by prompt similarity, and `share_cached`, "
-              "for each of the four servers the share of the third request's prompt read from the cache, from 0 to 1 "
-              "(within ±0.15: the template's and the questions' tokens are hard to count by eye). The check starts the "
-              "four servers and sends the three requests now.",
+        "for each of the four servers the share of the third request's prompt read from the cache, from 0 to 1 "
+        "(within ±0.15: the template's and the questions' tokens are hard to count by eye). The check starts the "
+        "four servers and sends the three requests now.",
         "ja": "答えのセルには、B がプロンプトの類似度で A のスロットを取るなら True の `b_by_similarity` と、四つのサーバーそれぞれで三つ目のリクエストの"
-              "プロンプトのうちキャッシュから読んだ割合 `share_cached`（0 から 1。テンプレートと質問のトークンは目で数えにくいので ±0.15 を認めます）を書きます。"
-              "チェックはいま四つのサーバーを起動して、三つのリクエストを送ります。",
+        "プロンプトのうちキャッシュから読んだ割合 `share_cached`（0 から 1。テンプレートと質問のトークンは目で数えにくいので ±0.15 を認めます）を書きます。"
+        "チェックはいま四つのサーバーを起動して、三つのリクエストを送ります。",
     },
     hints={
         "en": ["Without the RAM cache, what is left of A once B has taken its slot? With it, where did A's cells go first?"],
         "ja": ["RAM キャッシュがなければ、B がスロットを取った後に A の何が残るでしょうか。あれば、A のセルは先にどこへ行ったでしょうか。"],
     },
-    answer='''
+    answer="""
 # Your answer: a prediction, and the share of the third request's prompt read from the cache on each server
 b_by_similarity = ...  # True if B takes A's slot, by prompt similarity
 share_cached = {"llmkit": ..., "llmkit --cache-ram 0": ..., "llama-server": ..., "llama-server --cache-ram 0": ...}
-''',
+""",
     check="ex.q1.check(b_by_similarity, share_cached)",
     solution='''
 gas = find("get_available_slot")
@@ -1298,24 +1354,29 @@ assert all(abs(share[name] - share_cached[name]) < 0.15 for name in share)
 )
 
 exercise(
-    7, 2,
+    7,
+    2,
     answer_note={
         "en": "In the answer cell: `n_ctx_reported`, a number, and `refused_at_once`, for each server True if it refuses the "
-              "too-long prompt at once while both slots are busy. The check repeats both on servers it starts now.",
+        "too-long prompt at once while both slots are busy. The check repeats both on servers it starts now.",
         "ja": "答えのセルには、数 `n_ctx_reported` と、二つのスロットが使用中のときに長すぎるプロンプトをすぐ拒否するなら True を各サーバーについて書いた "
-              "`refused_at_once` を書きます。チェックはいま起動したサーバーで両方を繰り返します。",
+        "`refused_at_once` を書きます。チェックはいま起動したサーバーで両方を繰り返します。",
     },
     hints={
-        "en": ["`-c` is the whole context: with `-np 2`, each slot gets its share. And a check that runs before a task is queued cannot wait for a slot."],
-        "ja": ["`-c` はコンテキスト全体です。`-np 2` なら各スロットはその分け前を得ます。また、タスクがキューに入る前に行う確認は、スロットを待てません。"],
+        "en": [
+            "`-c` is the whole context: with `-np 2`, each slot gets its share. And a check that runs before a task is queued cannot wait for a slot."
+        ],
+        "ja": [
+            "`-c` はコンテキスト全体です。`-np 2` なら各スロットはその分け前を得ます。また、タスクがキューに入る前に行う確認は、スロットを待てません。"
+        ],
     },
-    answer='''
+    answer="""
 # Your answer: a number, and a prediction per server
 n_ctx_reported = ...  # the n_ctx the error reports on -np 2 -c 4096
 refused_at_once = {"llmkit": ..., "llama-server": ...}  # True if it refuses at once while both slots are busy
-''',
+""",
     check="ex.q2.check(n_ctx_reported, refused_at_once)",
-    solution='''
+    solution="""
 n_ctx_reported = 4096 // 2  # each of the 2 slots gets its share of -c
 refused_at_once = {"llmkit": True, "llama-server": False}  # Engine.submit refuses before queueing; pre_decode needs a slot first
 
@@ -1336,28 +1397,31 @@ assert error["n_ctx"] == n_ctx_reported
 first = lambda lines, words: next(i for i, line in enumerate(lines) if words in line)
 assert len(log_of) == 2 and all(first(lines, "processing task") < first(lines, "send_error") for lines in log_of.values())  # a slot, then the error
 assert all((max(busy[name]["refusal"]) < HALF) == at_once for name, at_once in refused_at_once.items())  # llmkit at submit; llama-server once a slot was free
-''',
+""",
 )
 
 exercise(
-    7, 3,
+    7,
+    3,
     answer_note={
         "en": "In the answer cell: `n_decodes(n_prompt, n_batch)`, the decodes a server runs to read a prompt of `n_prompt` "
-              "tokens alone, at `-b n_batch`, and sample one token. The check compares it with what llmkit's `build_batch` "
-              "plans and with what both servers count in `/metrics` for prompts of other lengths, now.",
+        "tokens alone, at `-b n_batch`, and sample one token. The check compares it with what llmkit's `build_batch` "
+        "plans and with what both servers count in `/metrics` for prompts of other lengths, now.",
         "ja": "答えのセルには `n_decodes(n_prompt, n_batch)` を書きます。`-b n_batch` のサーバーが `n_prompt` トークンのプロンプトを単独で読み、トークンを一つ"
-              "サンプリングするまでのデコードの回数です。チェックは、llmkit の `build_batch` の計画と、別の長さのプロンプトでいま両方のサーバーが `/metrics` "
-              "で数えた回数と比べます。",
+        "サンプリングするまでのデコードの回数です。チェックは、llmkit の `build_batch` の計画と、別の長さのプロンプトでいま両方のサーバーが `/metrics` "
+        "で数えた回数と比べます。",
     },
     hints={
         "en": ["A decode takes at most `n_batch` prompt tokens, and the last one is the one sampled from: no extra decode for it."],
-        "ja": ["一回のデコードが受け取るプロンプトトークンは最大 `n_batch` 個で、サンプリングは最後のデコードの結果から行います。そのための追加のデコードはありません。"],
+        "ja": [
+            "一回のデコードが受け取るプロンプトトークンは最大 `n_batch` 個で、サンプリングは最後のデコードの結果から行います。そのための追加のデコードはありません。"
+        ],
     },
-    answer='''
+    answer="""
 # Your answer: the decodes that read a prompt of n_prompt tokens alone at -b n_batch (a function)
 def n_decodes(n_prompt, n_batch):
     ...
-''',
+""",
     check="ex.q3.check(n_decodes)",
     solution='''
 def n_decodes(n_prompt: int, n_batch: int) -> int:
@@ -1391,21 +1455,22 @@ assert all(n == n_decodes(n_prompt, 64) for n_prompt, n in split.values())
 )
 
 exercise(
-    7, 4,
+    7,
+    4,
     answer_note={
         "en": "In the answer cell: `first_block`, for each server the type of its answer's first content block "
-              "(`\"tool_use\"` or `\"text\"`). The check asks both servers now, about another city.",
-        "ja": "答えのセルには、各サーバーの答えの最初のコンテンツブロックの種類（`\"tool_use\"` か `\"text\"`）を書いた `first_block` を書きます。"
-              "チェックはいま両方のサーバーに、別の都市について尋ねます。",
+        '(`"tool_use"` or `"text"`). The check asks both servers now, about another city.',
+        "ja": '答えのセルには、各サーバーの答えの最初のコンテンツブロックの種類（`"tool_use"` か `"text"`）を書いた `first_block` を書きます。'
+        "チェックはいま両方のサーバーに、別の都市について尋ねます。",
     },
     hints={
         "en": ["A grammar forces a call only if the tools reach the prompt, and a template that cannot write them leaves them out."],
         "ja": ["文法が呼び出しを強制するのは、ツールがプロンプトに届いたときだけです。ツールを書けないテンプレートは、それを省きます。"],
     },
-    answer='''
+    answer="""
 # Your answer: the type of each server's first content block
 first_block = {"llmkit": ..., "llama-server": ...}  # "tool_use" or "text"
-''',
+""",
     check="ex.q4.check(first_block)",
     solution='''
 from llmkit.server.messages import AnthropicToolChoice
@@ -1452,47 +1517,52 @@ assert {name: kinds[0] for name, kinds in blocks.items()} == first_block
 )
 
 exercise(
-    7, 5,
+    7,
+    5,
     new=True,
     statement={
-        "en": "**Exercise 5 — `get_available_slot` in Python.** Read `find(\"get_available_slot\")` line by line and write "
-              "it: `get_available_slot(slots, params, tokens)` takes llmkit's `Slot`s (`is_idle`, `cache_tokens`, "
-              "`similarity(tokens)`, and `t_last_used`, 0 for a slot never used), the request's `RequestParams` (its "
-              "`id_slot`) and the tokens its prompt needs, and returns the slot llama-server takes, or None (the request "
-              "waits). Leave the prompt cache out (`--cache-ram 0`). Mind each comparison: `>` or `>=`, `<` or `<=`. "
-              "Predict first: two idle slots, neither ever used: which one does llama-server give the first request, "
-              "and which one does llmkit's `choose_slot`?",
-        "ja": "**演習 5 — `get_available_slot` を Python で。** `find(\"get_available_slot\")` を一行ずつ読んで書いてください。"
-              "`get_available_slot(slots, params, tokens)` は llmkit の `Slot`（`is_idle`、`cache_tokens`、`similarity(tokens)`、`t_last_used`。"
-              "一度も使っていないスロットでは 0）と、リクエストの `RequestParams`（その `id_slot`）と、プロンプトが必要とするトークンを受け取り、"
-              "llama-server が取るスロットか、None（リクエストは待つ）を返します。プロンプトキャッシュは除きます（`--cache-ram 0`）。比較の一つ一つに注意してください。"
-              "`>` か `>=` か、`<` か `<=` かです。先に予想してください。どちらも一度も使っていない二つの空きスロットがあるとき、llama-server は最初のリクエストに"
-              "どちらを与えるでしょうか。llmkit の `choose_slot` はどちらでしょうか。",
+        "en": '**Exercise 5 — `get_available_slot` in Python.** Read `find("get_available_slot")` line by line and write '
+        "it: `get_available_slot(slots, params, tokens)` takes llmkit's `Slot`s (`is_idle`, `cache_tokens`, "
+        "`similarity(tokens)`, and `t_last_used`, 0 for a slot never used), the request's `RequestParams` (its "
+        "`id_slot`) and the tokens its prompt needs, and returns the slot llama-server takes, or None (the request "
+        "waits). Leave the prompt cache out (`--cache-ram 0`). Mind each comparison: `>` or `>=`, `<` or `<=`. "
+        "Predict first: two idle slots, neither ever used: which one does llama-server give the first request, "
+        "and which one does llmkit's `choose_slot`?",
+        "ja": '**演習 5 — `get_available_slot` を Python で。** `find("get_available_slot")` を一行ずつ読んで書いてください。'
+        "`get_available_slot(slots, params, tokens)` は llmkit の `Slot`（`is_idle`、`cache_tokens`、`similarity(tokens)`、`t_last_used`。"
+        "一度も使っていないスロットでは 0）と、リクエストの `RequestParams`（その `id_slot`）と、プロンプトが必要とするトークンを受け取り、"
+        "llama-server が取るスロットか、None（リクエストは待つ）を返します。プロンプトキャッシュは除きます（`--cache-ram 0`）。比較の一つ一つに注意してください。"
+        "`>` か `>=` か、`<` か `<=` かです。先に予想してください。どちらも一度も使っていない二つの空きスロットがあるとき、llama-server は最初のリクエストに"
+        "どちらを与えるでしょうか。llmkit の `choose_slot` はどちらでしょうか。",
     },
     answer_note={
         "en": "In the answer cell: `get_available_slot(slots, params, tokens)`. The check runs it on cases it makes up, then "
-              "plugs it into a real engine (a `LlamaServerPolicy` whose `choose_slot` calls yours) and compares the slot "
-              "each request of a sequence gets with the slot the real llama-server gives the same sequence.",
+        "plugs it into a real engine (a `LlamaServerPolicy` whose `choose_slot` calls yours) and compares the slot "
+        "each request of a sequence gets with the slot the real llama-server gives the same sequence.",
         "ja": "答えのセルには `get_available_slot(slots, params, tokens)` を書きます。チェックは作ったケースで動かしてから、実際のエンジンに差し込み"
-              "（`choose_slot` があなたの関数を呼ぶ `LlamaServerPolicy`）、一連のリクエストがそれぞれ得るスロットを、同じ一連のリクエストに本物の llama-server "
-              "が与えるスロットと比べます。",
+        "（`choose_slot` があなたの関数を呼ぶ `LlamaServerPolicy`）、一連のリクエストがそれぞれ得るスロットを、同じ一連のリクエストに本物の llama-server "
+        "が与えるスロットと比べます。",
     },
     hints={
-        "en": ["Three parts, in order: the slot named by `id_slot` (busy: wait); else the idle slot that holds some tokens "
-               "and shares the most, if above 0.1; else the least recently used idle slot.",
-               "In the similarity loop the comparison is strict: `f_sim_cur > f_sim_best`, so among equals the first one stays.",
-               "In the least-recently-used loop it is `slot.t_last_used <= t_last`: among equals the *last* one wins, where "
-               "llmkit's `min(...)` keeps the first."],
-        "ja": ["三つの部分がこの順にあります。`id_slot` で名指しされたスロット（使用中なら待つ）、なければトークンを持つ空きスロットのうち最も多く共有するもの"
-               "（0.1 を超えるなら）、それもなければ最も長く使われていない空きスロットです。",
-               "類似度のループの比較は厳密です（`f_sim_cur > f_sim_best`）。同じ値なら最初のものが残ります。",
-               "最も長く使われていないスロットのループでは `slot.t_last_used <= t_last` です。同じ値なら*最後*のものが勝ちます。llmkit の `min(...)` は最初のものを残します。"],
+        "en": [
+            "Three parts, in order: the slot named by `id_slot` (busy: wait); else the idle slot that holds some tokens "
+            "and shares the most, if above 0.1; else the least recently used idle slot.",
+            "In the similarity loop the comparison is strict: `f_sim_cur > f_sim_best`, so among equals the first one stays.",
+            "In the least-recently-used loop it is `slot.t_last_used <= t_last`: among equals the *last* one wins, where "
+            "llmkit's `min(...)` keeps the first.",
+        ],
+        "ja": [
+            "三つの部分がこの順にあります。`id_slot` で名指しされたスロット（使用中なら待つ）、なければトークンを持つ空きスロットのうち最も多く共有するもの"
+            "（0.1 を超えるなら）、それもなければ最も長く使われていない空きスロットです。",
+            "類似度のループの比較は厳密です（`f_sim_cur > f_sim_best`）。同じ値なら最初のものが残ります。",
+            "最も長く使われていないスロットのループでは `slot.t_last_used <= t_last` です。同じ値なら*最後*のものが勝ちます。llmkit の `min(...)` は最初のものを残します。",
+        ],
     },
-    answer='''
+    answer="""
 # Your answer: llama-server's slot choice, in Python (a function)
 def get_available_slot(slots, params, tokens):
     ...
-''',
+""",
     check="ex.q5.check(get_available_slot)",
     solution='''
 from llmkit.engine.request import RequestParams
@@ -1526,31 +1596,31 @@ assert get_available_slot(fresh, RequestParams(), [1, 2, 3]).id == 1 and choose_
 ''',
 )
 PO_ADDITIONS["07_reading_llama_server.po"] = {
-    "two idle slots, never used: llama-server's rule takes slot {theirs}, llmkit's choose_slot slot {ours}":
-        "一度も使っていない二つの空きスロット: llama-server の規則はスロット {theirs}、llmkit の choose_slot はスロット {ours} を取ります",
+    "two idle slots, never used: llama-server's rule takes slot {theirs}, llmkit's choose_slot slot {ours}": "一度も使っていない二つの空きスロット: llama-server の規則はスロット {theirs}、llmkit の choose_slot はスロット {ours} を取ります",
 }
 
 # --- chapter 8 ---------------------------------------------------------------------------------------------------------
 
 exercise(
-    8, 1,
+    8,
+    1,
     answer_note={
         "en": "In the answer cell: `gain_predicted`, the aggregate tokens per second of 4 clients over 1 on one slot. The "
-              "check measures it on this machine now (within ±0.35: on one slot the clients take turns, and the turns' "
-              "timing moves the gain by a few tenths from one run to the next).",
+        "check measures it on this machine now (within ±0.35: on one slot the clients take turns, and the turns' "
+        "timing moves the gain by a few tenths from one run to the next).",
         "ja": "答えのセルには、スロット一つで 1 クライアントに対する 4 クライアントの合計の毎秒トークン数の比 `gain_predicted` を書きます。"
-              "チェックはいまこのマシンで測ります（±0.35 を認めます。スロット一つではクライアントが順番を待ち、順番のタイミングで比が実行ごとに 0.1 の何倍か動くからです）。",
+        "チェックはいまこのマシンで測ります（±0.35 を認めます。スロット一つではクライアントが順番を待ち、順番のタイミングで比が実行ごとに 0.1 の何倍か動くからです）。",
     },
     hints={
         "en": ["One slot decodes one sequence per step, whoever is waiting."],
         "ja": ["スロットが一つなら、誰が待っていても 1 ステップで一つのシーケンスしかデコードしません。"],
     },
-    answer='''
+    answer="""
 # Your answer: a prediction
 gain_predicted = ...  # aggregate tokens/s of 4 clients, over 1 client, on one slot
-''',
+""",
     check="ex.q1.check(gain_predicted)",
-    solution='''
+    solution="""
 gain_predicted = 1.0  # one slot: the four take turns, so together they get about what one gets
 
 with launch.serve("slots", "-t", "1", "-np", "1", "-c", "4096") as one_slot:
@@ -1563,23 +1633,28 @@ print(tr("-np 1: 4 clients vs 1 = {gain:.2f}x aggregate tokens/s (-np 4 above: {
          ttft_1=one_slot_rows[0]["ttft_median_s"], ttft_4=one_slot_rows[1]["ttft_median_s"]))
 assert abs(gain_one_slot - gain_predicted) < 0.5  # one slot: the requests take turns, so 4 clients get about what 1 gets
 assert one_slot_rows[1]["ttft_median_s"] > 2 * one_slot_rows[0]["ttft_median_s"]  # ... and most of them wait for a turn
-''',
+""",
 )
 
 exercise(
-    8, 2,
+    8,
+    2,
     answer_note={
         "en": "In the answer cell: `add_batch_route(app, translator)`, which adds the route to a sequential app. The check "
-              "builds an app and its translator, adds your route, serves it, sends batches the notebook never sent, and "
-              "asks `GET /health` while a batch is translated: the server must still answer.",
+        "builds an app and its translator, adds your route, serves it, sends batches the notebook never sent, and "
+        "asks `GET /health` while a batch is translated: the server must still answer.",
         "ja": "答えのセルには、逐次アプリにルートを追加する `add_batch_route(app, translator)` を書きます。チェックはアプリとその翻訳器を作ってあなたのルートを加え、"
-              "動かして、ノートブックが送っていないバッチを送り、バッチの翻訳中に `GET /health` を尋ねます。サーバーはそれでも応答しなければなりません。",
+        "動かして、ノートブックが送っていないバッチを送り、バッチの翻訳中に `GET /health` を尋ねます。サーバーはそれでも応答しなければなりません。",
     },
     hints={
-        "en": ["Inside `add_batch_route`, decorate an async function with `@app.post(\"/translate/batch\")`, as \"A new endpoint\" does with `app`."],
-        "ja": ["`add_batch_route` の中で、「新しいエンドポイント」が `app` にしているように、async 関数を `@app.post(\"/translate/batch\")` で飾ります。"],
+        "en": [
+            'Inside `add_batch_route`, decorate an async function with `@app.post("/translate/batch")`, as "A new endpoint" does with `app`.'
+        ],
+        "ja": [
+            '`add_batch_route` の中で、「新しいエンドポイント」が `app` にしているように、async 関数を `@app.post("/translate/batch")` で飾ります。'
+        ],
     },
-    answer='''
+    answer="""
 # Your answer: add POST /translate/batch to a sequential app
 import asyncio
 
@@ -1588,7 +1663,7 @@ from fastapi import Request
 
 def add_batch_route(app, translator):
     ...
-''',
+""",
     check="ex.q2.check(add_batch_route)",
     solution='''
 import asyncio
@@ -1615,38 +1690,43 @@ assert batch.json()["translations"] == [e["translation"] for e in many[:-1]]  # 
 )
 
 exercise(
-    8, 3,
+    8,
+    3,
     new=True,
     statement={
         "en": "**Exercise 3 — your own stop strings.** Both servers hold back streamed text that could still become a stop "
-              "string (`llmkit.text.StopMatcher`; in llama-server, `find_stopping_strings`). Write your own: a class "
-              "`StopStrings(stops)` with `push(text)`, which takes the next piece of text and returns the part that is "
-              "safe to send (never a part of a stop string, nor anything after one); `flush()`, which returns what is "
-              "still held back when the generation ends without a stop; and two attributes, `stopped` (a stop string was "
-              "found) and `word` (which one: the earliest in the text; at a tie, the first listed). Empty stop strings "
-              "match nothing.",
+        "string (`llmkit.text.StopMatcher`; in llama-server, `find_stopping_strings`). Write your own: a class "
+        "`StopStrings(stops)` with `push(text)`, which takes the next piece of text and returns the part that is "
+        "safe to send (never a part of a stop string, nor anything after one); `flush()`, which returns what is "
+        "still held back when the generation ends without a stop; and two attributes, `stopped` (a stop string was "
+        "found) and `word` (which one: the earliest in the text; at a tie, the first listed). Empty stop strings "
+        "match nothing.",
         "ja": "**演習 3 — 自分の停止文字列。** どちらのサーバーも、これから停止文字列になるかもしれないストリーミングのテキストを送らずに持っておきます"
-              "（`llmkit.text.StopMatcher`。llama-server では `find_stopping_strings`）。自分のものを書いてください。クラス `StopStrings(stops)` で、"
-              "次のテキストの断片を受け取り、送っても安全な部分（停止文字列の一部でも、その後ろでもない部分）を返す `push(text)`、停止せずに生成が終わったとき"
-              "まだ持っているものを返す `flush()`、そして二つの属性 `stopped`（停止文字列が見つかった）と `word`（どれか。テキストで最も早いもの、同じ位置なら"
-              "先に並んだもの）を持ちます。空の停止文字列は何にも一致しません。",
+        "（`llmkit.text.StopMatcher`。llama-server では `find_stopping_strings`）。自分のものを書いてください。クラス `StopStrings(stops)` で、"
+        "次のテキストの断片を受け取り、送っても安全な部分（停止文字列の一部でも、その後ろでもない部分）を返す `push(text)`、停止せずに生成が終わったとき"
+        "まだ持っているものを返す `flush()`、そして二つの属性 `stopped`（停止文字列が見つかった）と `word`（どれか。テキストで最も早いもの、同じ位置なら"
+        "先に並んだもの）を持ちます。空の停止文字列は何にも一致しません。",
     },
     answer_note={
         "en": "In the answer cell: the class `StopStrings`. The check runs it on pieces it makes up, then in a real engine "
-              "(every job's stop matcher is one of yours) on three greedy completions with stop strings, and compares "
-              "where each answer ends with llmkit's matcher and with the real llama-server.",
+        "(every job's stop matcher is one of yours) on three greedy completions with stop strings, and compares "
+        "where each answer ends with llmkit's matcher and with the real llama-server.",
         "ja": "答えのセルにはクラス `StopStrings` を書きます。チェックは作った断片で動かしてから、実際のエンジン（どのジョブの停止文字列の照合器もあなたのもの）"
-              "で停止文字列付きの貪欲デコードの補完を三つ行い、各答えが終わる場所を llmkit の照合器と本物の llama-server と比べます。",
+        "で停止文字列付きの貪欲デコードの補完を三つ行い、各答えが終わる場所を llmkit の照合器と本物の llama-server と比べます。",
     },
     hints={
-        "en": ["Keep what you have not released in one string; after each push, look for every stop string in it.",
-               "None found: release all but the longest tail that is the beginning of a stop string (`\"go S\"` may become `\"go STOP\"`).",
-               "Found: release what comes before the earliest one, note it in `word`, set `stopped`, and release nothing more."],
-        "ja": ["まだ出していないものを一つの文字列に持ちます。push のたびに、その中ですべての停止文字列を探します。",
-               "見つからなければ、停止文字列の始まりになっている最も長い末尾を除いて全部出します（`\"go S\"` は `\"go STOP\"` になるかもしれません）。",
-               "見つかったら、最も早いものより前を出し、それを `word` に記録して `stopped` を立て、その後は何も出しません。"],
+        "en": [
+            "Keep what you have not released in one string; after each push, look for every stop string in it.",
+            'None found: release all but the longest tail that is the beginning of a stop string (`"go S"` may become `"go STOP"`).',
+            "Found: release what comes before the earliest one, note it in `word`, set `stopped`, and release nothing more.",
+        ],
+        "ja": [
+            "まだ出していないものを一つの文字列に持ちます。push のたびに、その中ですべての停止文字列を探します。",
+            '見つからなければ、停止文字列の始まりになっている最も長い末尾を除いて全部出します（`"go S"` は `"go STOP"` になるかもしれません）。',
+            "見つかったら、最も早いものより前を出し、それを `word` に記録して `stopped` を立て、その後は何も出しません。",
+        ],
     },
-    answer='''
+    answer="""
 # Your answer: a stop-string matcher (a class)
 class StopStrings:
     def __init__(self, stops):
@@ -1657,7 +1737,7 @@ class StopStrings:
 
     def flush(self):
         ...
-''',
+""",
     check="ex.q3.check(StopStrings)",
     solution='''
 class StopStrings:
@@ -1695,22 +1775,23 @@ assert pushed == ["go go ", "", ""] and matcher.stopped and matcher.word == "STO
 # --- chapter 9 ---------------------------------------------------------------------------------------------------------
 
 exercise(
-    9, 1,
+    9,
+    1,
     answer_note={
         "en": "In the answer cell: `more_drafted_with_2`, True if `size_n` 2 drafts more tokens than 12. The check runs "
-              "both on the COPY prompt now.",
+        "both on the COPY prompt now.",
         "ja": "答えのセルには、`size_n` 2 が 12 より多くのトークンをドラフトするなら True の `more_drafted_with_2` を書きます。チェックはいま COPY のプロンプトで両方を動かします。",
     },
     hints={
         "en": ["A shorter pattern is found more often; but a pattern of two tokens has often been followed by something else."],
         "ja": ["短いパターンほどよく見つかります。ただ、2 トークンのパターンの後には、ほかのものが続いていたことも多いはずです。"],
     },
-    answer='''
+    answer="""
 # Your answer: a prediction
 more_drafted_with_2 = ...  # True if size_n 2 drafts more tokens than size_n 12, on COPY with 96 tokens
-''',
+""",
     check="ex.q1.check(more_drafted_with_2)",
-    solution='''
+    solution="""
 more_drafted_with_2 = True  # a shorter pattern matches more often: more drafts, of which a smaller share is right
 
 by_size = {}
@@ -1725,28 +1806,29 @@ for size_n, (drafted, accepted, _) in by_size.items():
              share=accepted / drafted if drafted else 0))
 assert all(accepted <= drafted for drafted, accepted, _ in by_size.values())
 assert (by_size[2][0] > by_size[12][0]) == more_drafted_with_2
-''',
+""",
 )
 
 exercise(
-    9, 2,
+    9,
+    2,
     answer_note={
         "en": "In the answer cell: `longest_draft`, a number, and `more_steps`, True if the 48 tokens take more steps with "
-              "`n_draft_max=4` than with the engine's drafts. The check runs both now.",
+        "`n_draft_max=4` than with the engine's drafts. The check runs both now.",
         "ja": "答えのセルには、数 `longest_draft` と、`n_draft_max=4` のほうがエンジンのドラフトより 48 トークンに多くのステップがかかるなら True の "
-              "`more_steps` を書きます。チェックはいま両方を動かします。",
+        "`more_steps` を書きます。チェックはいま両方を動かします。",
     },
     hints={
         "en": ["A step verifies at most `1 + n_draft_max` tokens of one request."],
         "ja": ["一つのステップが一つのリクエストについて確かめるトークンは、最大 `1 + n_draft_max` 個です。"],
     },
-    answer='''
+    answer="""
 # Your answer: two predictions
 longest_draft = ...  # the longest draft in engine.steps with n_draft_max=4
 more_steps = ...  # True if the 48 tokens take more steps than with the engine's own drafts
-''',
+""",
     check="ex.q2.check(longest_draft, more_steps)",
-    solution='''
+    solution="""
 longest_draft, more_steps = 4, True  # drafts cut to the request's limit: at most 5 tokens a step
 
 steps_for = {}
@@ -1763,24 +1845,25 @@ for n_draft_max, (n_steps, longest, accepted) in steps_for.items():
              n=n_draft_max if n_draft_max is not None else tr("(the engine's)"), steps=n_steps, longest=longest, accepted=accepted))
 assert steps_for[4][1] == longest_draft  # drafts cut to the request's n_draft_max
 assert (steps_for[4][0] > steps_for[None][0]) == more_steps  # at most 5 tokens a step: more steps than with 48-token drafts
-''',
+""",
 )
 
 exercise(
-    9, 3,
+    9,
+    3,
     statement={
         "en": "**Exercise 3 — a draft after an end of generation.** A draft copied from the prompt can run past an "
-              "end-of-generation token (EOG). Find the line of `common_sampler_sample_and_accept_n` that stops accepting "
-              "after an EOG, and the line of `Engine.sample` that does the same in llmkit. Then write llama-server's rule: "
-              "`kept(draft, sampled, is_eog)` gets a draft, the token the sampler picks at each of its positions and one "
-              "after it (`sampled`, one longer than `draft`) and a test for an EOG, and returns the tokens the step keeps, "
-              "as `common_sampler_sample_and_accept_n` returns them. What does llama-server still keep when the EOG is "
-              "the draft's last token?",
+        "end-of-generation token (EOG). Find the line of `common_sampler_sample_and_accept_n` that stops accepting "
+        "after an EOG, and the line of `Engine.sample` that does the same in llmkit. Then write llama-server's rule: "
+        "`kept(draft, sampled, is_eog)` gets a draft, the token the sampler picks at each of its positions and one "
+        "after it (`sampled`, one longer than `draft`) and a test for an EOG, and returns the tokens the step keeps, "
+        "as `common_sampler_sample_and_accept_n` returns them. What does llama-server still keep when the EOG is "
+        "the draft's last token?",
         "ja": "**演習 3 — 生成の終わりの後のドラフト。** プロンプトからコピーしたドラフトは、生成の終わりのトークン（EOG）を越えて続くことがあります。"
-              "`common_sampler_sample_and_accept_n` の中で EOG の後の採用を止める行と、llmkit で同じことをする `Engine.sample` の行を見つけてください。"
-              "そのうえで llama-server の規則を書きます。`kept(draft, sampled, is_eog)` は、ドラフトと、その各位置とその一つ先でサンプラーが選ぶトークン"
-              "（`sampled`、`draft` より一つ長い）と、EOG かどうかを調べる関数を受け取り、`common_sampler_sample_and_accept_n` が返すとおりに、"
-              "そのステップが残すトークンを返します。EOG がドラフトの最後のトークンのとき、llama-server はそれでも何を残すでしょうか。",
+        "`common_sampler_sample_and_accept_n` の中で EOG の後の採用を止める行と、llmkit で同じことをする `Engine.sample` の行を見つけてください。"
+        "そのうえで llama-server の規則を書きます。`kept(draft, sampled, is_eog)` は、ドラフトと、その各位置とその一つ先でサンプラーが選ぶトークン"
+        "（`sampled`、`draft` より一つ長い）と、EOG かどうかを調べる関数を受け取り、`common_sampler_sample_and_accept_n` が返すとおりに、"
+        "そのステップが残すトークンを返します。EOG がドラフトの最後のトークンのとき、llama-server はそれでも何を残すでしょうか。",
     },
     answer_note={
         "en": "In the answer cell: `kept(draft, sampled, is_eog)`. The check compares it with the C++ on drafts it makes up.",
@@ -1788,18 +1871,22 @@ exercise(
     },
     keep_hint=True,
     hints={
-        "en": ["The loop keeps the sampled token at position `i`, then stops if it differs from `draft[i]`, or if it is an "
-               "EOG and not the draft's last position (`i + 1 < draft.size()`).",
-               "A loop that ran through the whole draft samples one more token after it."],
-        "ja": ["ループは位置 `i` でサンプリングしたトークンを残し、それが `draft[i]` と違うとき、または EOG でしかもドラフトの最後の位置でないとき"
-               "（`i + 1 < draft.size()`）に止まります。",
-               "ドラフトを最後までたどったループは、その後にもう一つトークンをサンプリングします。"],
+        "en": [
+            "The loop keeps the sampled token at position `i`, then stops if it differs from `draft[i]`, or if it is an "
+            "EOG and not the draft's last position (`i + 1 < draft.size()`).",
+            "A loop that ran through the whole draft samples one more token after it.",
+        ],
+        "ja": [
+            "ループは位置 `i` でサンプリングしたトークンを残し、それが `draft[i]` と違うとき、または EOG でしかもドラフトの最後の位置でないとき"
+            "（`i + 1 < draft.size()`）に止まります。",
+            "ドラフトを最後までたどったループは、その後にもう一つトークンをサンプリングします。",
+        ],
     },
-    answer='''
+    answer="""
 # Your answer: the tokens a step keeps, by llama-server's rule (a function)
 def kept(draft, sampled, is_eog):
     ...
-''',
+""",
     check="ex.q3.check(kept)",
     solution='''
 def kept(draft: list[int], sampled: list[int], is_eog) -> list[int]:
@@ -1824,40 +1911,45 @@ assert kept([5, 6, 2], [5, 6, 2, 8], eog) == [5, 6, 2, 8] and kept([5, 2, 7], [5
 )
 
 exercise(
-    9, 4,
+    9,
+    4,
     new=True,
     statement={
         "en": "**Exercise 4 — a drafter of your own.** The engine's drafter is anything with three methods "
-              "(`llmkit.engine.speculative.Drafter`): `begin(seq, prompt)` when slot `seq` has read its prompt, "
-              "`draft(seq, tokens, last, n_max)` for up to `n_max` tokens to follow what the slot holds (`tokens`) and "
-              "the token it sampled last (`last`), and `accept(seq, n_drafted, n_accepted)` after each verification. "
-              "Write `PromptLookup(n)`, prompt lookup decoding (as in vLLM and transformers): look the last `n` tokens "
-              "(of `tokens` and `last`) up in the slot's *prompt* only; take their latest occurrence that has tokens "
-              "after it in the prompt, and draft those tokens, at most `n_max`; no occurrence, no draft.",
+        "(`llmkit.engine.speculative.Drafter`): `begin(seq, prompt)` when slot `seq` has read its prompt, "
+        "`draft(seq, tokens, last, n_max)` for up to `n_max` tokens to follow what the slot holds (`tokens`) and "
+        "the token it sampled last (`last`), and `accept(seq, n_drafted, n_accepted)` after each verification. "
+        "Write `PromptLookup(n)`, prompt lookup decoding (as in vLLM and transformers): look the last `n` tokens "
+        "(of `tokens` and `last`) up in the slot's *prompt* only; take their latest occurrence that has tokens "
+        "after it in the prompt, and draft those tokens, at most `n_max`; no occurrence, no draft.",
         "ja": "**演習 4 — 自分のドラフター。** エンジンのドラフターは、三つのメソッドを持つものなら何でもかまいません（`llmkit.engine.speculative.Drafter`）。"
-              "スロット `seq` がプロンプトを読み終えたときの `begin(seq, prompt)`、スロットが持つもの（`tokens`）と最後にサンプリングしたトークン（`last`）の"
-              "後に続く最大 `n_max` 個のトークンを返す `draft(seq, tokens, last, n_max)`、確かめるたびに呼ばれる `accept(seq, n_drafted, n_accepted)` です。"
-              "プロンプト参照によるデコード（vLLM や transformers と同じもの）の `PromptLookup(n)` を書いてください。（`tokens` と `last` の）最後の `n` 個のトークンを、"
-              "スロットの*プロンプトだけ*から探します。その後にプロンプトのトークンが続く出現のうち最も後のものを取り、続くトークンを最大 `n_max` 個ドラフトにします。"
-              "見つからなければドラフトはありません。",
+        "スロット `seq` がプロンプトを読み終えたときの `begin(seq, prompt)`、スロットが持つもの（`tokens`）と最後にサンプリングしたトークン（`last`）の"
+        "後に続く最大 `n_max` 個のトークンを返す `draft(seq, tokens, last, n_max)`、確かめるたびに呼ばれる `accept(seq, n_drafted, n_accepted)` です。"
+        "プロンプト参照によるデコード（vLLM や transformers と同じもの）の `PromptLookup(n)` を書いてください。（`tokens` と `last` の）最後の `n` 個のトークンを、"
+        "スロットの*プロンプトだけ*から探します。その後にプロンプトのトークンが続く出現のうち最も後のものを取り、続くトークンを最大 `n_max` 個ドラフトにします。"
+        "見つからなければドラフトはありません。",
     },
     answer_note={
         "en": "In the answer cell: the class `PromptLookup`. The check runs it on token lists it makes up, then as the "
-              "drafter of a real engine (`engine.drafter = PromptLookup(3)`) on a copy prompt the notebook never used: "
-              "some of its drafts must be accepted.",
+        "drafter of a real engine (`engine.drafter = PromptLookup(3)`) on a copy prompt the notebook never used: "
+        "some of its drafts must be accepted.",
         "ja": "答えのセルにはクラス `PromptLookup` を書きます。チェックは作ったトークンのリストで動かしてから、ノートブックが使っていない写しのプロンプトで、"
-              "実際のエンジンのドラフター（`engine.drafter = PromptLookup(3)`）として動かします。ドラフトの一部が採用されなければなりません。",
+        "実際のエンジンのドラフター（`engine.drafter = PromptLookup(3)`）として動かします。ドラフトの一部が採用されなければなりません。",
     },
     hints={
-        "en": ["`begin` keeps the prompt, per `seq` (a dict); `accept` has nothing to do.",
-               "The pattern is `[*tokens, last][-n:]`. Search the prompt from its end backwards, starting where the pattern "
-               "still leaves a token after it.",
-               "The draft is `prompt[end : end + n_max]`, `end` just after the occurrence."],
-        "ja": ["`begin` はプロンプトを `seq` ごとに（dict に）持っておきます。`accept` ですることはありません。",
-               "パターンは `[*tokens, last][-n:]` です。プロンプトを後ろから前へ探し、パターンの後にまだトークンが残る位置から始めます。",
-               "ドラフトは `prompt[end : end + n_max]` で、`end` は出現のすぐ後ろです。"],
+        "en": [
+            "`begin` keeps the prompt, per `seq` (a dict); `accept` has nothing to do.",
+            "The pattern is `[*tokens, last][-n:]`. Search the prompt from its end backwards, starting where the pattern "
+            "still leaves a token after it.",
+            "The draft is `prompt[end : end + n_max]`, `end` just after the occurrence.",
+        ],
+        "ja": [
+            "`begin` はプロンプトを `seq` ごとに（dict に）持っておきます。`accept` ですることはありません。",
+            "パターンは `[*tokens, last][-n:]` です。プロンプトを後ろから前へ探し、パターンの後にまだトークンが残る位置から始めます。",
+            "ドラフトは `prompt[end : end + n_max]` で、`end` は出現のすぐ後ろです。",
+        ],
     },
-    answer='''
+    answer="""
 # Your answer: a drafter (a class)
 class PromptLookup:
     def __init__(self, n=3):
@@ -1871,7 +1963,7 @@ class PromptLookup:
 
     def accept(self, seq, n_drafted, n_accepted):
         ...
-''',
+""",
     check="ex.q4.check(PromptLookup)",
     solution='''
 class PromptLookup:
