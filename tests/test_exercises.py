@@ -34,6 +34,7 @@ from llmkit.course.exercises.core import (
 from llmkit.engine.scheduler import LlamaServerPolicy, choose_slot
 from llmkit.text import StopMatcher
 
+import wrong_answers as wrong
 from exercise_demo import demo_notebook
 from solutions import NOTEBOOKS, answers_of
 
@@ -301,58 +302,16 @@ def test_the_hidden_cases_of_the_code_checks_that_plug_into_the_engine():
     cases, and a plausible wrong answer fails with what differs."""
     ch04.check_policy(ch04.ReferenceFewTokensFirst())
     with pytest.raises(Wrong, match="no limit"):
-        ch04.check_policy(NoLimitFirst())  # max_tokens -1 sorted as the smallest
+        ch04.check_policy(wrong.NoLimitFirst())  # max_tokens -1 sorted as the smallest
     ch05.check_rule(ch05.reference_entry)
     with pytest.raises(Wrong, match="under a quarter"):
-        ch05.check_rule(without_the_quarter)
+        ch05.check_rule(wrong.prompt_cache_without_the_quarter)
     ch07.check_slots(ch07.reference_slot)
     with pytest.raises(Wrong, match="never used: yours takes slot 0"):
         ch07.check_slots(choose_slot)  # llmkit's rule: the first idle slot on a tie, where llama-server takes the last
     ch08.check_matcher(StopMatcher)
     with pytest.raises(Wrong, match="split over three pieces"):
-        ch08.check_matcher(ReleasesEverything)
+        ch08.check_matcher(wrong.ReleasesAtOnce)
     ch09.check_drafts(ch09.ReferenceLookup)
     with pytest.raises(Wrong, match="two matches: the later one"):
-        ch09.check_drafts(FirstMatch)
-
-
-@dataclass(frozen=True)
-class NoLimitFirst(ch04.ReferenceFewTokensFirst):
-    name: ClassVar[str] = "no-limit-first"
-
-    def order(self, waiting, slots):
-        return sorted(waiting, key=lambda r: (r.params.max_tokens, r.id))
-
-
-def without_the_quarter(entries, held, prompt):
-    """The prompt cache's rule without "don't trash large prompts" (an entry that keeps under a quarter of itself)."""
-    lcp = ch05.common_prefix(held, prompt)
-    keep_best, sim_best, best = (lcp / len(held) if held else -1.0), lcp / len(prompt), None
-    for i, tokens in enumerate(entries):
-        lcp = ch05.common_prefix(tokens, prompt)
-        if lcp / len(tokens) > keep_best and lcp / len(prompt) > sim_best:
-            best, keep_best, sim_best = i, lcp / len(tokens), lcp / len(prompt)
-    return best
-
-
-class ReleasesEverything(StopMatcher):
-    """Finds a stop string within one push only, and releases the rest at once."""
-
-    def push(self, text):
-        if self.stopped:
-            return ""
-        hits = [(text.find(s), s) for s in self.stops if s in text]
-        if hits:
-            at, self.word = min(hits)
-            self.stopped = True
-            return text[:at]
-        return text
-
-
-class FirstMatch(ch09.ReferenceLookup):
-    def draft(self, seq, tokens, last, n_max):
-        prompt, pattern = self.prompts.get(seq, []), [*tokens, last][-self.n :]
-        for start in range(len(prompt) - len(pattern)):
-            if prompt[start : start + len(pattern)] == pattern:
-                return prompt[start + len(pattern) : start + len(pattern) + n_max]
-        return []
+        ch09.check_drafts(wrong.LookupInEverything)

@@ -7,12 +7,10 @@ from contextlib import contextmanager, nullcontext
 from typing import Any, cast
 from unittest import mock
 
-import httpx
-
 from llmkit.course import tr
-from llmkit.course.exercises import expect
+from llmkit.course.exercises import expect, servers
 from llmkit.course.exercises.core import ENGINE, HIDDEN, LIVE, LLAMA, Chapter, Guard, Wrong, call
-from llmkit.course.exercises.lab import LAB, quiet_engine, wait
+from llmkit.course.exercises.lab import LAB, one_by_one, quiet_engine
 from llmkit.engine.prompt_cache import MIB, MIN_KEEP, PromptCache
 from llmkit.engine.request import RequestParams
 from llmkit.engine.scheduler import choose_slot
@@ -236,27 +234,19 @@ def engine_cache_n(rule: Callable | None, guard: Guard | None = None) -> list[in
 
     config = EngineConfig(n_parallel=1, n_ctx=1024, n_threads=1, cache_ram_mib=64)
     with quiet_engine(), load_rule(rule) if rule else nullcontext(), Engine(LAB.model(), config) as engine:
-        out = []
-        for prompt in workload_prompts():
-            request = engine.submit(prompt, RequestParams.of(max_tokens=1, temperature=0))
-            wait(request)
-            if guard is not None:
-                guard.raise_first()
-            if request.error is not None:
-                raise Wrong(tr("in the engine, a request failed: {error}", error=request.error))
-            assert request.outcome is not None
-            out.append(request.outcome.n_cached)
-        return out
+        params = RequestParams.of(max_tokens=1, temperature=0)
+        finished = one_by_one(lambda prompt: engine.submit(prompt, params), workload_prompts(), guard)
+    failed = [r.error for r in finished if r.error is not None]
+    if failed:
+        raise Wrong(tr("in the engine, a request failed: {error}", error=failed[0]))
+    return [r.outcome.n_cached for r in finished]
 
 
 def llama_cache_n() -> list[int]:
     """The same workload on the real llama-server, one slot, its RAM prompt cache on: cache_n of each request."""
     server = LAB.server("llama-server", "-np", "1", "-c", "1024", "-t", "1", "--cache-ram", "64")
-    out = []
-    for prompt in workload_prompts():
-        body = {"prompt": prompt, "n_predict": 1, "temperature": 0, "cache_prompt": True}
-        out.append(httpx.post(f"{server.url}/completion", json=body, timeout=300).json()["timings"]["cache_n"])
-    return out
+    answers = servers.completions(server.url, workload_prompts(), n_predict=1, temperature=0, cache_prompt=True)
+    return [answer["timings"]["cache_n"] for answer in answers]
 
 
 @CHAPTER.exercise(4, answers=("choose_entry",), compares=(HIDDEN, ENGINE, LLAMA),

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import httpx
 
 from llmkit.course import tr
-from llmkit.course.exercises import expect
+from llmkit.course.exercises import expect, servers
 from llmkit.course.exercises.core import ENGINE, HIDDEN, LIVE, LLAMA, SOURCE, Chapter, Guard, Wrong, call
-from llmkit.course.exercises.lab import LAB, metric, quiet_engine, slot_of, wait
+from llmkit.course.exercises.lab import LAB, metric, one_by_one, quiet_engine, slot_of
 from llmkit.engine.request import Request, RequestParams
 from llmkit.engine.scheduler import LlamaServerPolicy
 from llmkit.engine.slot import Slot, common_prefix
@@ -303,24 +303,14 @@ def engine_slots(rule: Callable, guard: Guard | None = None) -> list[int | None]
 
     config = EngineConfig(n_parallel=2, n_ctx=4096, n_threads=1, cache_ram_mib=0, policy=SlotRule(rule))
     with quiet_engine(), Engine(LAB.model(), config) as engine:
-        chosen = []
-        for prompt in sequence_prompts():
-            request = engine.submit(prompt, RequestParams.of(max_tokens=1, temperature=0))
-            wait(request)
-            if guard is not None:
-                guard.raise_first()
-            chosen.append(slot_of(request))
-        return chosen
+        params = RequestParams.of(max_tokens=1, temperature=0)
+        return [slot_of(r) for r in one_by_one(lambda prompt: engine.submit(prompt, params), sequence_prompts(), guard)]
 
 
 def llama_slots() -> list[int]:
     """The same sequence on llama-server (2 slots, no prompt cache): the slot of each request, from its answers."""
     server = LAB.server("llama-server", "-np", "2", "-c", "4096", "-t", "1", "--cache-ram", "0")
-    chosen = []
-    for prompt in sequence_prompts():
-        answer = httpx.post(f"{server.url}/completion", json={"prompt": prompt, "n_predict": 1, "cache_prompt": True}, timeout=300).json()
-        chosen.append(answer["id_slot"])
-    return chosen
+    return [answer["id_slot"] for answer in servers.completions(server.url, sequence_prompts(), n_predict=1, cache_prompt=True)]
 
 
 @CHAPTER.exercise(5, answers=("get_available_slot",), compares=(SOURCE, HIDDEN, ENGINE, LLAMA),

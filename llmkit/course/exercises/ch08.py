@@ -17,7 +17,7 @@ import httpx
 from llmkit.course import client, tr
 from llmkit.course.exercises import expect, servers
 from llmkit.course.exercises.core import ENGINE, HIDDEN, LIVE, LLAMA, SERVER, Chapter, Guard, Wrong, call
-from llmkit.course.exercises.lab import LAB, quiet_engine, wait
+from llmkit.course.exercises.lab import LAB, one_by_one, quiet_engine
 from llmkit.text import StopMatcher
 
 CHAPTER = Chapter(8)
@@ -200,14 +200,13 @@ def engine_stops(make: Callable[[list[str]], Any] | None, guard: Guard | None = 
         matcher_in_engine(make) if make else nullcontext(),
         Engine(LAB.model(), EngineConfig(n_parallel=1, n_ctx=1024, n_threads=1)) as engine,
     ):
-        out = []
-        for prompt, stops in STOP_REQUESTS:
-            request = engine.complete(prompt, max_tokens=48, temperature=0, stop=stops, cache_prompt=False)
-            wait(request)
-            if guard is not None:
-                guard.raise_first()
-            out.append((request.text, request.outcome.stopping_word if request.outcome is not None else ""))
-        return out
+
+        def submit(request: tuple[str, list[str]]) -> Any:
+            prompt, stops = request
+            return engine.complete(prompt, max_tokens=48, temperature=0, stop=stops, cache_prompt=False)
+
+        finished = one_by_one(submit, STOP_REQUESTS, guard)
+    return [(r.text, r.outcome.stopping_word if r.outcome is not None else "") for r in finished]
 
 
 def llama_stops() -> list[tuple[str, str]]:

@@ -14,7 +14,7 @@ import atexit
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
@@ -102,6 +102,19 @@ def metric(url: str, name: str) -> float:
     if found is None:
         raise RuntimeError(f"{url}/metrics has no llamacpp:{name}")
     return float(found.group(1))
+
+
+def one_by_one(submit: Callable[[Any], Any], items: Iterable[Any], guard: Any = None) -> list[Any]:
+    """Each item submitted (``submit(item)`` returns an engine ``Request``) and waited for before the next; the first
+    error of the learner's code in the engine (``guard``, a ``core.Guard``) raised as theirs. The finished requests."""
+    finished = []
+    for item in items:
+        request = submit(item)
+        wait(request)
+        if guard is not None:
+            guard.raise_first()
+        finished.append(request)
+    return finished
 
 
 def wait(request: Any) -> None:

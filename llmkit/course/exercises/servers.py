@@ -23,5 +23,12 @@ def sequential() -> ServerProcess:
     return LAB.server("sequential", "--temp", "0", "-n", "48", "-t", "1")
 
 
+def completions(url: str, prompts: list[list[int]], **fields: object) -> list[dict]:
+    """``POST /completion`` for each token prompt in turn (llama-server's native route; the slot server has it too)."""
+    import httpx
+
+    return [httpx.post(f"{url}/completion", json={"prompt": prompt, **fields}, timeout=300).json() for prompt in prompts]
+
+
 def both() -> dict[str, ServerProcess]:
     return {"slots": slots(), "llama-server": llama()}
