@@ -241,7 +241,7 @@ class Exercise:
         return Verdict(self.chapter, self.number, PASS, note)
 
     def hint_pointer(self) -> str:
-        return " " + tr("({call} gives a hint)", call=f"ex.{self.name}.hint()")
+        return tr(" ({call} gives a hint)", call=f"ex.{self.name}.hint()")  # the space before it is the language's own
 
     def check(self, *answers: Any) -> None:
         """Check ``answers`` (the names the answer cell defines), show the verdict, and record it in your progress."""
