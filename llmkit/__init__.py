@@ -10,7 +10,7 @@ Map of the package (each module one role, named after llama-server's files). The
     sequential/ the tutorial's translation server (one request at a time)
     engine/     the slot engine: continuous batching, prefix reuse (~ server-context.cpp)
     server/     the slot server's OpenAI-compatible HTTP layer (~ server.cpp, server-http.cpp)
-    cli         `llmkit serve | translate | bench | upstream | fleet | sim`
+    cli         `llmkit serve | translate | bench | upstream | fleet | sim | exercises`
 
 The course's apparatus, apart from it (the `lab` extra; no server imports it):
 
@@ -24,6 +24,7 @@ The course's apparatus, apart from it (the `lab` extra; no server imports it):
                   checked against real fleets; replicas for a TTFT SLO at scale, per policy, CPU and GPU-like costs
       client      HTTP helpers: stream from either server and time every piece
       widgets     ipywidgets: a translator that streams into the page
+      exercises/  checks that answer back (ex.q1.check), hints, progress; a student edition, a class graded
 
 README.md's "Layout" lists the same rooms (tests/test_layout.py checks both against the files).
 """

@@ -1,4 +1,4 @@
-"""``llmkit`` command line: serve | translate | bench | upstream | fleet | sim.
+"""``llmkit`` command line: serve | translate | bench | upstream | fleet | sim | exercises.
 
 llmkit serve sequential [--model PATH] [--host 127.0.0.1] [--port 8080]
 llmkit serve slots      [-m PATH] [-c 8192] [-np 4] ...   (flags named like llama-server's)
@@ -11,6 +11,9 @@ llmkit fleet --policy round_robin cache_aware --trace             # the multi-te
 llmkit sim calibrate -o cost.json                                 # this machine's step costs, for the fleet's model
 llmkit sim check --replicas 1 2 3 --cost cost.json                # the model against real fleets of 1-3 replicas
 llmkit sim capacity --users 2000 --rate 20 --slo 1                # replicas for a TTFT p99 SLO, per policy, in the model
+llmkit exercises                           # which exercises you have done, per chapter
+llmkit exercises student OUT               # a student edition of the notebooks (no solutions)
+llmkit exercises grade FOLDER -o OUT       # grade a class's notebooks: OUT/grades.csv and grades.html
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_upstream_parser(sub)
     add_fleet_parser(sub)
     add_sim_parser(sub)
+    add_exercises_parser(sub)
     return parser
 
 
@@ -314,6 +318,19 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--seed", type=int, default=0, help="the trace's seed (default 0)")
 
 
+def add_exercises_parser(sub: argparse._SubParsersAction) -> None:
+    ex = sub.add_parser("exercises", help="your progress in the exercises; a student edition; a class's notebooks graded")
+    actions = ex.add_subparsers(dest="action")
+    student = actions.add_parser("student", help="write the notebooks without their solutions, both editions")
+    student.add_argument("out", help="folder to write en/ and ja/ in")
+    student.add_argument("--notebooks", help="the course's notebooks folder (default: the checkout's notebooks/)")
+    grade = actions.add_parser("grade", help="grade every notebook under a folder: a table of student x exercise (CSV and HTML)")
+    grade.add_argument("folder", help="the submitted notebooks (a student: a notebook, or a folder of them)")
+    grade.add_argument("-o", "--out", default="grades", help="folder for grades.csv and grades.html (default ./grades)")
+    grade.add_argument("--cell-timeout", type=float, default=300, metavar="S", help="seconds a cell may run (default 300)")
+    grade.add_argument("--timeout", type=float, default=1800, metavar="S", help="seconds a whole submission may run (default 1800)")
+
+
 def serve_sequential(args: argparse.Namespace) -> None:
     import uvicorn
 
@@ -504,6 +521,23 @@ def sim_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def exercises_command(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    with course_imports("exercises"):
+        from llmkit.course.exercises import classroom, done
+
+    if args.action == "student":
+        written = classroom.student_edition(Path(args.out), Path(args.notebooks) if args.notebooks else None)
+        print(f"{len(written)} notebooks without their solutions in {args.out}/")
+    elif args.action == "grade":
+        submissions = classroom.grade(Path(args.folder), Path(args.out), cell_timeout=args.cell_timeout, total_timeout=args.timeout)
+        print(f"{len(submissions)} notebooks graded: {Path(args.out) / 'grades.csv'}, {Path(args.out) / 'grades.html'}")
+    else:
+        print(done.text())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
@@ -522,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
             return fleet_command(args)
         elif args.command == "sim":
             return sim_command(args)
+        elif args.command == "exercises":
+            return exercises_command(args)
     except models.ModelFileError as exc:
         print(f"llmkit: error: {exc}", file=sys.stderr)
         return 2

@@ -270,6 +270,45 @@ def test_every_solution_is_collapsed_with_its_output(site):
     assert checked >= 30, f"only {checked} solutions checked"
 
 
+HINT_PROMPT = {"en": "Hint", "ja": "ヒント"}  # a hint's <summary> in the notebooks: "Hint 1", "ヒント 1"
+
+
+def exercise_parts(notebook: Path) -> tuple[int, int, list[str]]:
+    """(exercises, hints, the check cells' sources) of a notebook: its exercise markdown, <details> hints, check cells."""
+    from llmkit.course.exercises.notebook import DETAILS, EXERCISE
+
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    markdown = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
+    checks = ["".join(c["source"]) for c in cells if c["cell_type"] == "code" and "check" in c["metadata"].get("tags", [])]
+    return sum(len(EXERCISE.findall(m)) for m in markdown), sum(len(DETAILS.findall(m)) for m in markdown), checks
+
+
+def test_every_exercise_shows_its_answer_cell_its_check_and_its_hints_closed(site):
+    """Under each exercise: its hints, each a closed <details>; its answer cell and its check, open, the check with
+    its verdict ("not answered yet" in the committed notebooks); then the closed solution (the test above)."""
+    from bs4 import BeautifulSoup
+
+    exercises_seen = 0
+    for lang in EDITIONS:
+        for notebook in notebooks(lang):
+            where = f"{lang}/{notebook.stem}.html"
+            n_exercises, n_hints, checks = exercise_parts(notebook)
+            page = BeautifulSoup((site / lang / f"{notebook.stem}.html").read_text(encoding="utf-8"), "html.parser")
+            answers, verdicts = page.select("div.cell.tag_answer"), page.select("div.cell.tag_check")
+            assert len(answers) == len(verdicts) == n_exercises == len(checks), (where, len(answers), len(verdicts), n_exercises)
+            for cell in answers + verdicts:
+                assert not cell.find("details") and cell.select("div.cell_input"), f"{where}: an answer or check cell is collapsed"
+            for cell in verdicts:
+                assert cell.select_one("div.cell_output .llmkit-verdict"), f"{where}: a check cell without its verdict"
+            hints = [d for d in page.select("article details") if "hide" not in d.get("class", [])]
+            assert len(hints) == n_hints and n_hints >= n_exercises, (where, len(hints), n_hints)
+            for hint in hints:
+                summary = hint.find("summary", recursive=False)
+                assert not hint.has_attr("open") and summary.get_text(strip=True).startswith(HINT_PROMPT[lang]), (where, hint)
+            exercises_seen += n_exercises
+    assert exercises_seen >= 2 * 36, f"only {exercises_seen} exercises in the book"
+
+
 # ---------------------------------------------------------------------------------------------------
 # In a real browser
 
@@ -426,6 +465,28 @@ def test_a_solution_opens_on_a_click(browser, server, lang):
     # the theme fades the opened content in (selenium counts opacity 0 as hidden): wait for the end of it
     wait_until(lambda: code.is_displayed() and output.is_displayed(), 10)
     cell.screenshot(str(SCREENSHOTS / f"{lang}-{CHAPTER}-solution-open.png"))
+
+
+@pytest.mark.parametrize("lang", list(EDITIONS))
+def test_a_hint_opens_on_a_click_above_the_answer_and_its_check(browser, server, lang):
+    """An exercise in the browser: its first hint closed, opened by a click; its answer cell and check shown, the check's
+    verdict in the reader's language."""
+    from selenium.webdriver.common.by import By
+
+    open_page(browser, urljoin(server, f"{lang}/{CHAPTER}.html"))
+    hint = next(d for d in browser.find_elements(By.CSS_SELECTOR, "article details") if "hide" not in (d.get_attribute("class") or ""))
+    summary = hint.find_element(By.TAG_NAME, "summary")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", summary)
+    assert summary.text.strip().startswith(HINT_PROMPT[lang]) and hint.get_attribute("open") is None
+    body = hint.find_element(By.CSS_SELECTOR, "p")
+    assert not body.is_displayed(), "a hint is open before a click"
+    summary.click()
+    wait_until(body.is_displayed, 10)
+    answer = browser.find_element(By.CSS_SELECTOR, "div.cell.tag_answer .cell_input")
+    verdict = browser.find_element(By.CSS_SELECTOR, "div.cell.tag_check .llmkit-verdict")
+    assert answer.is_displayed() and verdict.is_displayed()
+    assert ("演習" in verdict.text) == (lang == "ja"), verdict.text  # the check's words in the edition's language
+    hint.screenshot(str(SCREENSHOTS / f"{lang}-{CHAPTER}-hint-open.png"))
 
 
 @pytest.mark.parametrize("lang", list(EDITIONS))

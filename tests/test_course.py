@@ -19,6 +19,7 @@ from helpers import JA_CHAR
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 LIBRARY_CATALOG = NOTEBOOKS / "ja" / "locale" / "llmkit.po"  # what llmkit's own code prints; a chapter's labels: its .po
+EXERCISES_CATALOG = NOTEBOOKS / "ja" / "locale" / "exercises.po"  # what the exercises' checks say (llmkit/course/exercises)
 
 # tr() calls in llmkit whose key is not a literal, and every key each can be given
 DYNAMIC_KEYS = {"self.differs": {row.differs for row in MAP}}  # upstream.Counterpart.what_differs
@@ -51,7 +52,15 @@ def keys_used(path: Path) -> set[str]:
 
 
 USED = {key for path in sorted((NOTEBOOKS / "en").glob("*.ipynb")) for key in keys_used(path)}
-LIBRARY = {key for path in sorted((ROOT / "llmkit").rglob("*.py")) for key in tr_keys(path.read_text(), path.name, DYNAMIC_KEYS)}
+EXERCISES = {
+    key for path in sorted((ROOT / "llmkit" / "course" / "exercises").rglob("*.py")) for key in tr_keys(path.read_text(), path.name)
+}
+LIBRARY = {
+    key
+    for path in sorted((ROOT / "llmkit").rglob("*.py"))
+    if "exercises" not in path.relative_to(ROOT).parts
+    for key in tr_keys(path.read_text(), path.name, DYNAMIC_KEYS)
+}
 
 
 def test_english_folder_prints_the_key_itself(tmp_path):
@@ -107,14 +116,21 @@ def test_llmkit_prints_through_tr_too():
 
 def test_every_label_the_notebooks_print_has_a_japanese_entry_and_none_is_unused():
     ja = course.catalog(NOTEBOOKS / "ja")
-    assert sorted((USED | LIBRARY) - ja.keys()) == [], "labels the Japanese edition would print in English"
-    assert sorted(ja.keys() - USED - LIBRARY) == [], "catalog entries neither a notebook nor llmkit uses"
+    assert sorted((USED | LIBRARY | EXERCISES) - ja.keys()) == [], "labels the Japanese edition would print in English"
+    assert sorted(ja.keys() - USED - LIBRARY - EXERCISES) == [], "catalog entries neither a notebook nor llmkit uses"
 
 
-def test_what_llmkit_prints_is_in_its_own_catalog():
-    held = {entry.msgid for entry in polib.pofile(str(LIBRARY_CATALOG))}
-    assert sorted(LIBRARY - held) == [], f"llmkit's own labels belong in {LIBRARY_CATALOG.name}"
-    assert sorted(held - LIBRARY) == [], f"entries of {LIBRARY_CATALOG.name} that llmkit's code does not use"
+@pytest.mark.parametrize(
+    ("catalog", "keys"), [(LIBRARY_CATALOG, LIBRARY), (EXERCISES_CATALOG, EXERCISES)], ids=lambda x: getattr(x, "name", "")
+)
+def test_what_llmkit_prints_is_in_its_own_catalog(catalog, keys):
+    held = {entry.msgid for entry in polib.pofile(str(catalog))}
+    assert sorted(keys - held) == [], f"these labels belong in {catalog.name}"
+    assert sorted(held - keys) == [], f"entries of {catalog.name} that its code does not use"
+
+
+def test_the_exercises_speak_through_tr():
+    assert len(EXERCISES) > 150, "the checks' messages, hints' and solutions' titles, the progress table"
 
 
 def fields(text: str) -> list[str]:

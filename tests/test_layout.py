@@ -84,6 +84,7 @@ def test_the_cli_names_the_lab_extra_when_a_command_needs_it(tmp_path):
         ["translate", "Hello", "--url", "http://127.0.0.1:9"],
         ["fleet", "--port", "9"],
         ["sim", "capacity", "--users", "1"],
+        ["exercises"],
     )
     code = f"""
 from llmkit.cli import main
@@ -97,7 +98,8 @@ for argv in {commands!r}:
     run = without_lab(code, cwd=tmp_path, env=nowhere)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["llmkit upstream", "llmkit bench", "llmkit translate", "llmkit fleet", "llmkit sim"], run.stdout
+    expected = ["llmkit upstream", "llmkit bench", "llmkit translate", "llmkit fleet", "llmkit sim", "llmkit exercises"]
+    assert [line.split(":")[0] for line in lines] == expected, run.stdout
     assert all("pip install 'llmkit[lab]'" in line for line in lines), run.stdout
 
 

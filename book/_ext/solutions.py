@@ -1,4 +1,6 @@
-"""Sphinx extension: each exercise's solution is collapsed in the book, code and output together, behind one click.
+"""Sphinx extension: each exercise's solution is collapsed in the book, code and output together, behind one click;
+its hints (``<details>`` blocks in the exercise's markdown, closed) and its answer and check cells are styled as the
+learner's part (``static/exercises.css``).
 
 In the notebooks a solution is a code cell tagged ``solution`` whose source is collapsed in JupyterLab
 (``jupyter.source_hidden``). That tag is the one source of truth: here every code cell that carries it is
@@ -59,5 +61,6 @@ def setup(app):
 
     app.add_node(HideCodeCellNode, override=True, html=(_visit_hidden, depart_HideCellInput))
     app.connect("doctree-read", _collapse_solutions)
+    app.add_css_file("exercises.css")
     # env_version: raise it when a change here alters the doctrees, so an incremental build reads every page again
     return {"version": "1.0", "env_version": 1, "parallel_read_safe": True, "parallel_write_safe": True}

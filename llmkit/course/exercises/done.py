@@ -1,0 +1,144 @@
+"""Which exercises are done, per chapter, kept across kernel restarts: a JSON file in the per-user data folder.
+
+    exercises.progress()          # a widget: every chapter (chapter 0)
+    ex.progress()                 # a widget: this chapter's exercises (the top of its exercise section)
+    llmkit exercises              # the same, in a terminal
+
+The file is ``exercises.json`` in the data folder the kit keeps models in (platformdirs: ``~/.local/share/llmkit``
+on Linux), or ``$LLMKIT_PROGRESS``. Each check's verdict is recorded (not "not answered yet"); an exercise is
+*done* once it has passed, whatever later tries say. A widget shown in the notebook redraws when a check records.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import tempfile
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from llmkit.course import table, tr
+from llmkit.course.exercises.core import ERROR, FAIL, MARKS, PASS, UNANSWERED, Verdict, chapter, chapters
+
+ENV = "LLMKIT_PROGRESS"
+
+
+def store_path() -> Path:
+    env = os.environ.get(ENV)
+    return Path(env).expanduser() if env else platformdirs.user_data_path("llmkit", appauthor=False) / "exercises.json"
+
+
+def load() -> dict[str, dict[str, dict]]:
+    """chapter -> exercise -> {"status": the last verdict, "done": passed once, "at": when}, as strings of numbers."""
+    try:
+        found = json.loads(store_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def save(data: dict) -> None:
+    path = store_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(f.name, path)  # whole or not at all: a kernel killed mid-write leaves the old file
+
+
+def record(verdict: Verdict) -> None:
+    """Keep ``verdict`` (but "not answered yet": nothing was tried), then redraw the widgets on show."""
+    if verdict.status == UNANSWERED:
+        return
+    data = load()
+    entry = data.setdefault(str(verdict.chapter), {}).setdefault(str(verdict.number), {})
+    entry.update(status=verdict.status, done=bool(entry.get("done")) or verdict.passed, at=time.strftime("%Y-%m-%d %H:%M:%S"))
+    save(data)
+    for view in list(VIEWS):
+        view.refresh()
+
+
+def status_of(data: dict, chapter_number: int, number: int) -> tuple[str, bool]:
+    """(the last status, done) of one exercise; never tried: not answered, not done."""
+    entry = data.get(str(chapter_number), {}).get(str(number), {})
+    return entry.get("status", UNANSWERED), bool(entry.get("done"))
+
+
+def summary(chapter_numbers: list[int] | None = None) -> list[tuple[int, int, int, str]]:
+    """(chapter, done, total, one mark per exercise) for each chapter."""
+    data = load()
+    rows = []
+    for ch in [chapter(n) for n in chapter_numbers] if chapter_numbers else chapters():
+        states = [status_of(data, ch.number, ex.number) for ex in ch]
+        marks = "".join(MARKS[PASS] if done else MARKS[status] if status in (FAIL, ERROR) else "·" for status, done in states)
+        rows.append((ch.number, sum(done for _, done in states), len(ch), marks))
+    return rows
+
+
+def text() -> str:
+    """The progress of every chapter, as a table (``llmkit exercises``)."""
+    rows = summary()
+    done, total = sum(r[1] for r in rows), sum(r[2] for r in rows)
+    lines = table([(n, f"{d}/{t}", marks) for n, d, t, marks in rows], headers=(tr("chapter"), tr("done"), tr("exercises")), align=">>")
+    legend = tr("✓ done, ✗ tried and not passed yet, · not tried")
+    return f"{lines}\n{tr('{done} of {total} exercises done', done=done, total=total)} ({legend}; {store_path()})"
+
+
+def html_table(chapter_number: int | None) -> str:
+    """What the widget shows: one chapter's exercises, or every chapter."""
+    data = load()
+    cell = 'style="padding:0.1em 0.6em; text-align:left"'
+    if chapter_number is not None:
+        ch = chapter(chapter_number)
+        marks = []
+        for ex in ch:
+            status, done = status_of(data, ch.number, ex.number)
+            mark, colour = (MARKS[PASS], "#1e7b34") if done else (MARKS[status], "#b3261e") if status in (FAIL, ERROR) else ("·", "#5f6368")
+            marks.append(f'<td {cell}><span style="color:{colour}">{mark}</span> {ex.name}</td>')
+        n_done = sum(status_of(data, ch.number, ex.number)[1] for ex in ch)
+        title = tr("Chapter {chapter}: {done} of {total} exercises done", chapter=ch.number, done=n_done, total=len(ch))
+        return f"<div><strong>{html.escape(title)}</strong><table><tr>{''.join(marks)}</tr></table></div>"
+    rows = "".join(
+        f"<tr><td {cell}>{n}</td><td {cell}>{d}/{t}</td><td {cell}>{html.escape(marks)}</td></tr>" for n, d, t, marks in summary()
+    )
+    head = f"<tr><th {cell}>{tr('chapter')}</th><th {cell}>{tr('done')}</th><th {cell}>{tr('exercises')}</th></tr>"
+    return f"<div><strong>{html.escape(tr('Your exercises'))}</strong><table>{head}{rows}</table></div>"
+
+
+VIEWS: weakref.WeakSet[ProgressView] = weakref.WeakSet()
+
+
+class ProgressView:
+    """An ipywidgets ``HTML`` that shows the progress of one chapter (or every chapter) and redraws itself when a
+    check records a verdict. Outside a live kernel (a book page, a saved notebook) its HTML is the same table."""
+
+    def __init__(self, chapter_number: int | None = None):
+        import ipywidgets
+
+        self.chapter = chapter_number
+        self.widget = ipywidgets.HTML(html_table(chapter_number))
+        VIEWS.add(self)
+
+    def refresh(self) -> None:
+        self.widget.value = html_table(self.chapter)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+        bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude) or {})
+        bundle["text/html"] = self.widget.value  # the table itself where no widget manager runs (the book, nbconvert)
+        bundle["text/plain"] = (
+            text() if self.chapter is None else tr("{n} of {total} exercises done", n=self.done(), total=len(chapter(self.chapter)))
+        )
+        return bundle
+
+    def done(self) -> int:
+        data = load()
+        return sum(status_of(data, self.chapter, ex.number)[1] for ex in chapter(self.chapter)) if self.chapter is not None else 0
+
+
+def progress(chapter_number: int | None = None) -> ProgressView:
+    """A widget: the exercises done, of one chapter or (``None``) of every chapter."""
+    return ProgressView(chapter_number)

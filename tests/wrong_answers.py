@@ -1,0 +1,133 @@
+"""Plausible wrong answers to the exercises: an off-by-one, llama-server's rule where llmkit differs, a parser that
+drops the last event, a route that blocks the server ... Each check must fail them, saying what differs."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import ClassVar
+
+from llmkit.course.exercises import ch04, ch09
+from llmkit.engine.slot import common_prefix
+from llmkit.sequential.translator import Translator
+from llmkit.text import StopMatcher
+
+
+class FailsLate(Translator):
+    """Fails after its first token: a token reaches the client before the error."""
+
+    def stream(self, text, target_lang="ja"):
+        pieces = super().stream(text, target_lang)
+        try:
+            yield next(pieces)
+            raise RuntimeError("late")
+        finally:
+            pieces.close()
+
+
+def only_the_status(api, answer, budget):
+    """was_cut that trusts the Responses status, as llama-server's answer never says incomplete."""
+    if api == "chat":
+        return answer["choices"][0]["finish_reason"] == "length"
+    if api == "messages":
+        return answer["stop_reason"] == "max_tokens"
+    return answer["status"] == "incomplete"
+
+
+def split_each_read(reads):
+    """An SSE reader that parses each network read on its own: what a cut read breaks."""
+    events = []
+    for read in reads:
+        for block in read.decode("utf-8", errors="replace").split("\n\n"):
+            data = [line[6:] for line in block.split("\n") if line.startswith("data: ")]
+            name = next((line[7:] for line in block.split("\n") if line.startswith("event: ")), None)
+            if data:
+                events.append((name, "\n".join(data)))
+    return events
+
+
+def drops_the_last_event(reads):
+    """Whole lines and blank lines done right, but an event is kept only when the next one starts: the last is lost."""
+    events, name, data = [], None, []
+    for line in b"".join(reads).decode().replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+        if not line:
+            if data:
+                events.append((name, "\n".join(data)))
+            name, data = None, []
+        elif not line.startswith(":"):
+            field, _, value = line.partition(":")
+            data += [value.removeprefix(" ")] if field == "data" else []
+            name = value.removeprefix(" ") if field == "event" else name
+    return events[:-1]
+
+
+@dataclass(frozen=True)
+class ArrivalOrder(ch04.ReferenceFewTokensFirst):
+    """The queue in arrival order (llama-server's), the prompts by tokens asked."""
+
+    name: ClassVar[str] = "arrival"
+
+    def order(self, waiting, slots):
+        return list(waiting)
+
+
+def prompt_cache_without_the_quarter(entries, held, prompt):
+    lcp = common_prefix(held, prompt)
+    keep_best, sim_best, best = (lcp / len(held) if held else -1.0), lcp / len(prompt), None
+    for i, tokens in enumerate(entries):
+        lcp = common_prefix(tokens, prompt)
+        if lcp / len(tokens) > keep_best and lcp / len(prompt) > sim_best:
+            best, keep_best, sim_best = i, lcp / len(tokens), lcp / len(prompt)
+    return best
+
+
+def blocking_batch_route(app, translator):
+    """The translations in the event loop's own thread: the server cannot answer anything else meanwhile."""
+    from fastapi import Request
+
+    @app.post("/translate/batch")
+    async def translate_batch(request: Request) -> dict:
+        body = await request.json()
+        return {"translations": [translator.translate(text, body.get("target_lang", "French")) for text in body["texts"]]}
+
+
+def threaded_batch_route_with_a_typo(app, translator):
+    from fastapi import Request
+
+    @app.post("/translate/batch")
+    async def translate_batch(request: Request) -> dict:
+        body = await request.json()
+        return {"translation": [await asyncio.to_thread(translator.translate, t, body.get("target_lang", "French")) for t in body["texts"]]}
+
+
+class ReleasesAtOnce(StopMatcher):
+    """Looks for a stop string within each piece alone, and releases everything else at once."""
+
+    def push(self, text):
+        if self.stopped:
+            return ""
+        hits = [(text.find(s), s) for s in self.stops if s in text]
+        if hits:
+            at, self.word = min(hits)
+            self.stopped = True
+            return text[:at]
+        return text
+
+
+class LookupInEverything(ch09.ReferenceLookup):
+    """Looks the pattern up anywhere but returns the earliest match: not prompt lookup's latest."""
+
+    def draft(self, seq, tokens, last, n_max):
+        prompt, pattern = self.prompts.get(seq, []), [*tokens, last][-self.n :]
+        for start in range(len(prompt) - len(pattern)):
+            if prompt[start : start + len(pattern)] == pattern:
+                return prompt[start + len(pattern) : start + len(pattern) + n_max]
+        return []
+
+
+@dataclass(frozen=True)
+class NoLimitFirst(ch04.ReferenceFewTokensFirst):
+    name: ClassVar[str] = "no-limit-first"
+
+    def order(self, waiting, slots):
+        return sorted(waiting, key=lambda r: (r.params.max_tokens, r.id))
