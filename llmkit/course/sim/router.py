@@ -12,7 +12,9 @@
   replica / the prompt's tokens. If the loads are balanced and the best rate > 0.3, the least loaded of the replicas
   with the best rate; else the least loaded of all (ties: the first). Imbalanced = max - min > 64 and max > 1.5 min.
   The prompt then enters the tree under the chosen replica. Simplified: no eviction (the router trims each replica's
-  share to 2^25 characters, ~4 M tokens, every 120 s: more than these traces send).
+  share to 2^25 characters, ~4 M tokens, every 120 s: more than these traces send). With the default thresholds a
+  tenant's users stay on the replicas that hold its prefix until one has 64 more requests in flight than another: a
+  4-slot replica drowns long before (a subclass with ``BALANCE_ABS = 4`` is ``--balance-abs-threshold 4``).
 - ``kv_aware`` (``kv_aware.rs``): what each replica's KV events say it holds (``HeldBlocks``: its slots, the device
   tier, and its prompt cache, the host tier, in blocks of 16 tokens). Credit = the device prefix in whole blocks, never
   the prompt's last block, plus the host blocks beyond it at 0.8; cost = (prompt - credit + prompt tokens in flight
