@@ -7,6 +7,7 @@
         f.replica_of(answer)     # which replica served an answer (each replica is named <model>@<index>)
         f.kill(1); f.restart(1)  # a replica crashes; it comes back on its port and rejoins
         with f.routed("kv_aware") as g: ...   # another router in front of the same replicas (no model loaded again)
+        with f.routed("cache_aware", replicas=[0]) as one: ...   # ... or of some of them
 
 The router is vLLM's (PyPI ``vllm-router``, a Rust binary in the ``lab`` extra; its policies are ``POLICIES``),
 never one written here: llmkit's part is to be a worker it routes well (``llmkit.server.worker``). The replicas
@@ -87,12 +88,17 @@ class Fleet:
         launch.wait_healthy(self.url, timeout)
 
     @contextlib.contextmanager
-    def routed(self, policy: str, router_flags: Sequence[str] = (), timeout: float = 60) -> Iterator[Fleet]:
-        """Another router, with ``policy`` (and ``router_flags``), in front of the same replicas for the block: policies
-        compared on one set of replicas without loading a model again (their caches stay warm: ``Trace.fresh``)."""
-        router = start_router(policy, [r.url for r in self.replicas], router_flags, None, timeout)
+    def routed(
+        self, policy: str, router_flags: Sequence[str] = (), replicas: Sequence[int] | None = None, timeout: float = 60
+    ) -> Iterator[Fleet]:
+        """Another router, with ``policy`` (and ``router_flags``), in front of the same replicas (or of the ``replicas``
+        given, by index) for the block: policies and fleet sizes compared without loading a model again (their caches
+        stay warm: ``Trace.fresh``). The fleet it yields has those replicas only, numbered from 0."""
+        chosen = range(len(self.replicas)) if replicas is None else replicas
+        members, names = [self.replicas[i] for i in chosen], [self.names[i] for i in chosen]
+        router = start_router(policy, [r.url for r in members], router_flags, None, timeout)
         try:
-            yield dataclasses.replace(self, policy=policy, router=router)
+            yield dataclasses.replace(self, policy=policy, router=router, replicas=members, names=names)
         finally:
             router.stop()
 
