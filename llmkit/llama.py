@@ -407,6 +407,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     ignore_eos: bool = False
+    logit_bias: tuple[tuple[int | str, float], ...] = ()  # (token or text, bias): added to the logits (a text: its tokens)
     grammar: str | Grammar | None = None  # GBNF text (root rule "root"), or a Grammar: parsed and checked once (grammar.compile)
     grammar_trigger: str | None = None  # lazy grammar: free text until this word is written, then the grammar
 
@@ -611,10 +612,15 @@ class Sampler:
 
     @staticmethod
     def _stages(model: Model, p: SamplingParams):
-        if p.ignore_eos:  # llama-server: a -inf logit bias on every end-of-generation token
-            eog = model.eog_tokens
-            biases = (lc.llama_logit_bias * len(eog))(*[lc.llama_logit_bias(t, float("-inf")) for t in eog])
-            yield lc.llama_sampler_init_logit_bias(model.n_vocab, len(eog), biases)
+        # llama-server: the request's logit_bias, and with ignore_eos a -inf bias on every end-of-generation token
+        def tokens(key: int | str) -> list[int]:
+            return [key] if isinstance(key, int) else model.tokenize(key, add_special=False, parse_special=False)
+
+        given = [(t, b) for key, b in p.logit_bias for t in tokens(key)]
+        banned = [(t, float("-inf")) for t in (model.eog_tokens if p.ignore_eos else ())]
+        bias = [lc.llama_logit_bias(t, b) for t, b in [*given, *banned] if 0 <= t < model.n_vocab]
+        if bias:
+            yield lc.llama_sampler_init_logit_bias(model.n_vocab, len(bias), (lc.llama_logit_bias * len(bias))(*bias))
         if p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
             yield lc.llama_sampler_init_penalties(  # this llama.h still takes n_vocab first
                 model.n_vocab, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty

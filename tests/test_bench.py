@@ -54,6 +54,7 @@ def test_bench_tiny_run(tmp_path, monkeypatch):
         api_rounds=2,
         spec_streams=(1,),
         priority_rounds=0,  # its own test: test_bench_priority_tiny_run
+        fleet_policies=(),  # its own test: test_bench_fleet_tiny_run
     )
     # speculation: one short prompt of each kind (its own prompts are a few hundred tokens each, read 16 times each here)
     monkeypatch.setattr(scenarios, "spec_prompts", lambda: {"copy": ["one two three, one two three, one two"], "free": ["Once upon a"]})
@@ -317,9 +318,11 @@ def test_a_run_without_the_concurrency_levels_writes_no_plot(tmp_path):
     assert results.plot_path is None and sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "results.md"]
 
 
+EVERYTHING_ELSE = frozenset({"sequential", "no-budget", "raw", "levels", "apis", "prefix", "arrivals", "kv-cache", "speculation"})
+
+
 def test_bench_priority_tiny_run(tmp_path):
-    everything_else = {"sequential", "no-budget", "llama-server", "raw", "levels", "apis", "prefix", "arrivals", "kv-cache", "speculation"}
-    cfg = bench.Config(max_tokens=8, threads=1, out=tmp_path, skip=frozenset(everything_else), priority_rounds=2)
+    cfg = bench.Config(max_tokens=8, threads=1, out=tmp_path, skip=EVERYTHING_ELSE | {"llama-server"}, priority_rounds=2, fleet_policies=())
     results = bench.run(cfg)
 
     waits, kept, read_again = results.priority
@@ -333,3 +336,19 @@ def test_bench_priority_tiny_run(tmp_path):
     targets = {row[0]: row[2] for row in markdown_table(saved, "| target |")[1:]}
     judged = [verdict for name, verdict in targets.items() if "high-priority TTFT, waiting / preempting" in name]
     assert len(judged) == 2 and all(v in ("PASS", "FAIL") for v in judged)
+
+
+def test_bench_fleet_tiny_run(tmp_path):
+    cfg = bench.Config(out=tmp_path, skip=EVERYTHING_ELSE | {"llama-server", "priority"}, fleet_policies=("round_robin", "kv_aware"),
+                       fleet_conversations=3, fleet_turns=2, fleet_tokens=4)  # fmt: skip
+    results = bench.run(cfg)
+
+    assert [(r.server, r.policy) for r in results.fleet] == [("slots", "round_robin"), ("slots", "kv_aware")]
+    for r in results.fleet:  # every request answered, by the two replicas together; counts from the servers themselves
+        assert r.errors == 0 and r.requests == 6 == sum(r.per_replica.values()) and 0 <= r.cache_hit <= 1, r
+        assert r.ttft_p99_ms >= r.ttft_p50_ms > 0 and r.tokens_per_s > 0
+    saved = results.table_path.read_text()
+    rows = markdown_table(saved, "| server | policy | cache hit")
+    assert [row[:2] for row in rows[1:]] == [["slots", "round_robin"], ["slots", "kv_aware"]]
+    targets = {row[0]: row[2] for row in markdown_table(saved, "| target |")[1:]}
+    assert targets["slots fleet: kv_aware cache hit >= round_robin's"] in ("PASS", "FAIL")

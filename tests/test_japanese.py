@@ -16,6 +16,9 @@ from pathlib import Path
 import nbformat
 import polib
 import pytest
+from markdown_it import MarkdownIt
+
+from llmkit import course
 
 from helpers import JA_CHAR
 
@@ -31,6 +34,9 @@ FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.MULTILINE | re.DOTALL)
 CODE_SPAN = re.compile(r"(`+)(?!`).+?(?<!`)\1", re.DOTALL)
 # A full-width digit, or a number (a digit, or a label's {placeholder}) touching a Japanese character: 3件, {n}トークン.
 UNSPACED_NUMBER = re.compile(rf"[\uff10-\uff19]|[\d}}](?={JA_CHAR})|(?<={JA_CHAR})[\d{{]")
+# A number (or a placeholder) with a space before its %: the glossary writes 6%, as {x:.0%} prints it.
+SPACED_PERCENT = re.compile(r"[\d}]\s+%")
+BOLD = re.compile(r"\*\*(.+?)\*\*")
 
 
 def markdown_cells(path: Path) -> list[tuple[int, str]]:
@@ -140,3 +146,45 @@ def test_numbers_are_half_width_and_spaced_from_japanese(path):
 def test_no_line_break_inside_a_japanese_paragraph(path):
     found = {i: b for i, source in markdown_cells(path) if (b := paragraph_breaks(source))}
     assert not found, f"a Japanese paragraph is one line (a break shows as a space), by cell: {found}"
+
+
+def unrendered_emphasis(source: str) -> list[str]:
+    """Emphasis markers that CommonMark leaves as literal text, with what surrounds them.
+
+    CommonMark (the parser family of Jupyter and the book) closes ``**`` only where the run is right-flanking: after
+    a punctuation mark (a full-width closing bracket, say), it must be followed by a space or another mark, so a bold
+    term that ends with its English in brackets, right before a kana, renders its asterisks. Code spans and blocks
+    are left out: an asterisk there is code.
+    """
+    html = MarkdownIt("commonmark").render(source)
+    text = re.sub(r"<pre>.*?</pre>|<code>.*?</code>", " ", html, flags=re.DOTALL)
+    return [text[max(0, m.start() - 12) : m.end() + 12] for m in re.finditer(r"\*", text)]
+
+
+@pytest.mark.parametrize("path", JAPANESE, ids=lambda p: p.name)
+def test_emphasis_renders(path):
+    found = {i: hits for i, source in markdown_cells(path) if (hits := unrendered_emphasis(source))}
+    assert not found, f"asterisks CommonMark prints as text (close the bold before the bracket), by cell: {found}"
+
+
+@pytest.mark.parametrize("path", JAPANESE + CATALOGS, ids=lambda p: p.name)
+def test_percent_follows_the_number(path):
+    found = {where: SPACED_PERCENT.findall(text) for where, text in japanese_texts(path).items() if SPACED_PERCENT.search(text)}
+    assert not found, f"'10 %' where the glossary writes '10%', by cell or label: {found}"
+
+
+@pytest.mark.parametrize("path", JAPANESE, ids=lambda p: p.name)
+def test_labels_the_prose_names_are_the_labels_printed(path):
+    """A bold name in the English prose that is a label the code prints (a button, a row of a table: a key of the
+    catalogs) is named in the Japanese prose as the Japanese edition prints it."""
+    labels = course.catalog(ROOT / "ja")
+    english = nbformat.read(ROOT / "en" / path.name, 4).cells
+    japanese = nbformat.read(path, 4).cells
+    found = {}
+    for i, (en, ja) in enumerate(zip(english, japanese, strict=True)):
+        if en.cell_type != "markdown":
+            continue
+        named = [span for span in BOLD.findall(CODE_SPAN.sub(" ", en.source)) if span in labels]
+        if missing := [f"**{span}** -> **{labels[span]}**" for span in named if f"**{labels[span]}**" not in ja.source]:
+            found[i] = missing
+    assert not found, f"labels the prose names as the output does not print them, by cell: {found}"

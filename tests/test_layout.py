@@ -98,8 +98,8 @@ for argv in {commands!r}:
     run = without_lab(code, cwd=tmp_path, env=nowhere)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
-    expected = ["llmkit upstream", "llmkit bench", "llmkit translate", "llmkit fleet", "llmkit sim", "llmkit exercises"]
-    assert [line.split(":")[0] for line in lines] == expected, run.stdout
+    commands = ["llmkit upstream", "llmkit bench", "llmkit translate", "llmkit fleet", "llmkit sim", "llmkit exercises"]
+    assert [line.split(":")[0] for line in lines] == commands, run.stdout
     assert all("pip install 'llmkit[lab]'" in line for line in lines), run.stdout
 
 
@@ -169,3 +169,16 @@ def test_the_readme_lists_the_modules_of_the_engine_and_the_server(package):
     for part in package.split("/"):
         rooms = rooms[part]
     assert sorted(rooms) == on_disk(LLMKIT / package), f"README.md's Layout under {package}/ and the files differ"
+
+
+def test_no_function_of_the_engine_or_the_server_runs_over_40_lines():
+    """The engine and the server are what readers study: each function fits one screen (from ``def`` to its last line)."""
+    import ast
+
+    long = []
+    for folder in ("engine", "server"):
+        for path in sorted((LLMKIT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 40:
+                    long.append(f"{path.relative_to(LLMKIT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert long == []

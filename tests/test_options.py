@@ -39,6 +39,7 @@ SAMPLES: dict[str, Any] = {
     "presence_penalty": 0.5, "frequency_penalty": 0.5, "stream": True, "top_k": 3, "min_p": 0.2, "repeat_penalty": 1.1,
     "repeat_last_n": 8, "cache_prompt": False, "id_slot": 1, "ignore_eos": True, "n_probs": 2, "n_keep": 4, "n_cache_reuse": 16,
     "n_draft_max": 3, "priority": 2, "logprobs": True, "top_logprobs": 2, "kv_transfer_params": {"do_remote_decode": True},
+    "logit_bias": {"15043": -100},
 }  # fmt: skip
 BESIDE = {"top_logprobs": {"logprobs": True}}  # a field read only beside another (in both the baseline and the sample)
 CONSTRAINTS = {"response_format": {"type": "json_object"}, "json_schema": {"type": "object"}, "grammar": 'root ::= "a"'}

@@ -306,7 +306,8 @@ def test_metrics_match_the_sum_of_timings(server):
     ]
     after = metrics(server)
     delta = {name: after[name] - before[name] for name in after}
-    started = int(httpx.get(f"{server.url}/metrics", timeout=10).headers["Process-Start-Time-Unix"])  # llama-server's header
+    raw = dict(httpx.get(f"{server.url}/metrics", timeout=10).headers.raw)  # the names as they came over the wire
+    started = int(raw[b"Process-Start-Time-Unix"])  # llama-server's header, spelled as llama-server writes it
     assert time.time() - 24 * 3600 < started <= time.time()
 
     def total(key: str) -> float:

@@ -163,6 +163,30 @@ def test_completion_probabilities(server):
     assert r["generation_settings"]["n_probs"] == 3
 
 
+def test_response_fields_picks_by_slash_path(server):
+    """llama-server's ``response_fields``: only the listed fields, keyed by their path; a path to nothing is left out."""
+    whole = complete(server, prompt=COUNT, n_predict=4)
+    fields = ["content", "generation_settings/n_predict", "timings/predicted_n", "no/such/field", "content/not_an_object"]
+    picked = complete(server, prompt=COUNT, n_predict=4, response_fields=fields)
+    assert picked == {"content": whole["content"], "generation_settings/n_predict": 4, "timings/predicted_n": 4}
+    _, events = stream_events(server, "/completion", {"prompt": COUNT, "n_predict": 4, "response_fields": ["stop", "tokens_predicted"]})
+    assert json.loads(events[-1]) == {"stop": True, "tokens_predicted": 4}  # a stream's last object too, as llama-server
+    assert "content" in json.loads(events[0])  # its chunks are whole
+
+
+@pytest.mark.parametrize("shape", ["pairs of text", "object of ids", "pairs of ids, false"])
+def test_logit_bias_bans_tokens(server, shape):
+    """llama-server's ``logit_bias`` forms: [[text or id, bias], ...] or {"id or text": bias}; false bans a token."""
+    free = complete(server, prompt=COUNT, n_predict=4, return_tokens=True)
+    banned = free["tokens"][0]
+    bias = {"pairs of text": [[detokenize(server, [banned]), -100]], "object of ids": {str(banned): -100},
+            "pairs of ids, false": [[banned, False]]}[shape]  # fmt: skip
+    r = complete(server, prompt=COUNT, n_predict=4, return_tokens=True, logit_bias=bias)
+    assert banned not in r["tokens"] and r["tokens"] != free["tokens"]
+    favoured = tokenize(server, " banana", add_special=False)[0]
+    assert complete(server, prompt=COUNT, n_predict=1, return_tokens=True, logit_bias={str(favoured): 100})["tokens"] == [favoured]
+
+
 def test_prompt_cache(server):
     prompt = "A long shared preamble about serving language models in slots. " * 8
     first = complete(server, prompt=prompt, n_predict=4, id_slot=1)

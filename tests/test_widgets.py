@@ -6,12 +6,13 @@ from __future__ import annotations
 import html
 import re
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import pytest
 
 from llmkit.course import launch
-from llmkit.course.widgets import EngineView, Translator, engine_html
+from llmkit.course.widgets import LANGUAGES, EngineView, Translator, engine_html
 from llmkit.engine import Engine, EngineConfig
 
 
@@ -108,3 +109,17 @@ def test_an_error_is_shown_in_the_view_not_raised(model):
         view = EngineView(running)
         assert view.step() == 0
     assert view.error is not None and "start=False" in view.error and "crimson" in view.message.value
+
+
+def test_the_language_menu_names_languages_in_the_readers_language_and_sends_them_in_english(monkeypatch):
+    from llmkit import course
+
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent / "notebooks" / "ja")  # the Japanese edition's folder
+    course.catalog.cache_clear()
+    try:
+        menu = Translator("http://127.0.0.1:9", target_lang="Japanese").language  # no request is made
+        shown = {value: label for label, value in menu.options}
+        assert shown["French"] == "フランス語" and menu.value == "Japanese"  # shown in Japanese ...
+        assert [value for _, value in menu.options] == list(LANGUAGES)  # ... the prompt still names it in English
+    finally:
+        course.catalog.cache_clear()

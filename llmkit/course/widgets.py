@@ -37,13 +37,20 @@ from llmkit.engine import Engine, SlotStatus, StepRecord
 LANGUAGES = ("French", "Japanese", "Spanish", "German", "Chinese", "Korean", "English")
 
 
+def language_names() -> dict[str, str]:
+    """Each language as the menu shows it, in the reader's language (the prompt still names it in English)."""
+    return {"French": tr("French"), "Japanese": tr("Japanese"), "Spanish": tr("Spanish"), "German": tr("German"),
+            "Chinese": tr("Chinese"), "Korean": tr("Korean"), "English": tr("English")}  # fmt: skip
+
+
 class Translator(w.VBox):
     """Text in, language menu, Translate button; the translation streams into ``output``."""
 
     def __init__(self, url: str, *, text: str = "", target_lang: str = "French", languages=LANGUAGES):
         self.url = url.rstrip("/")
         self.input = w.Textarea(value=text, placeholder=tr("Text to translate"), layout=w.Layout(width="100%", height="6em"))
-        self.language = w.Dropdown(options=list(languages), value=target_lang, description=tr("to"))
+        names = language_names()
+        self.language = w.Dropdown(options=[(names.get(name, name), name) for name in languages], value=target_lang, description=tr("to"))
         self.button = w.Button(description=tr("Translate"), button_style="primary", icon="language")
         self.output = w.HTML(layout=w.Layout(width="100%", min_height="3em"))
         self.status = w.Label()

@@ -261,7 +261,7 @@ class Engine:
         if request.kv is not None and request.id not in self.suspended:
             return self.launch_from(slot, request, request.kv)
         tokens, params = self.tokens_of(request), request.params
-        self.swap_prompt(slot, tokens, request)
+        self.swap_prompt(slot, tokens, request, resuming=request.id in self.suspended)
         n_keep, n_moved = slot.reuse(self.ctx, tokens, params.cache_prompt, params.n_cache_reuse)
         job = self.suspended.pop(request.id, None)
         if job is None:
@@ -292,10 +292,11 @@ class Engine:
         job.resume(len(kv.tokens))
         request.wake()
 
-    def swap_prompt(self, slot: Slot, tokens: list[int], request: Request) -> None:
+    def swap_prompt(self, slot: Slot, tokens: list[int], request: Request, *, resuming: bool = False) -> None:
         """Before ``slot`` loses its prompt, copy it to RAM; bring back the cached prompt that serves ``tokens``
-        best (llama-server: the prompt-cache update at the end of get_available_slot)."""
-        if self.prompt_cache is not None and swaps_prompt(slot, tokens, request.params):
+        best (llama-server: the prompt-cache update at the end of get_available_slot). A preempted job (``resuming``)
+        always looks: its own KV cache went there when it left its slot."""
+        if self.prompt_cache is not None and (resuming or swaps_prompt(slot, tokens, request.params)):
             slot.save_prompt(self.prompt_cache, self.ctx)
             slot.load_prompt(self.prompt_cache, self.ctx, tokens)
             self.prompt_cache.update()
@@ -428,7 +429,7 @@ class Engine:
         n_prompt = sum(share.n_tokens for share in batch if share.is_prompt)
         n_generated = sum(share.n_tokens for share in batch if not share.is_prompt)
         step = StepRecord(t0, time.perf_counter() - t0, decode_seconds, n_prompt, n_generated, len(plan), batch)
-        self.counters.record_step(step)
+        self.counters.record_step(step, max((c.slot.n_past for c in plan), default=0))
         self.steps.append(step)
         return step
 

@@ -232,13 +232,10 @@ def build_batch(
        so a request is never overtaken by a later one that landed in a lower slot);
     of a prompt, only the very last token asks for logits, since only there do we sample.
 
-    ``budget`` caps the tokens of a step that carries running streams (0: the batch's
-    ``capacity``, llama-server's ``n_batch``). A small budget is stall-free batching
-    (Sarathi-Serve; vLLM's chunked prefill): a burst of long prompts is read a chunk per
-    step while the running streams keep getting a token every step, instead of waiting
-    for one huge decode. A step with no running stream has no one to keep waiting: its
-    prompts fill the batch, so a request alone gets its first token as soon as without it.
-    A draft does not count against the budget: it is a stream's own tokens, checked in bulk.
+    ``budget`` caps the tokens of a step that carries running streams (0: the batch's ``capacity``,
+    llama-server's ``n_batch``): stall-free batching (Sarathi-Serve; vLLM's chunked prefill), a burst
+    of long prompts read a chunk per step while the streams keep getting a token every step. A step
+    with no running stream keeps no one waiting: its prompts fill the batch.
     """
     plan, n_tokens = [], 0
     for slot, job in busy:
@@ -246,7 +243,7 @@ def build_batch(
             draft = (drafts or {}).get(slot.id, [])
             n_tokens += 1 + len(draft)
             plan.append(Chunk(slot, job, [job.last_token, *draft], slot.n_past, n_tokens - 1, False))
-    n_drafted = n_tokens - len(plan)
+    n_drafted = n_tokens - len(plan)  # a draft does not count against the budget: the stream's own tokens, checked in bulk
     limit = min(budget + n_drafted if budget else capacity, capacity) if plan else capacity
     for slot, job in prompt_order([(slot, job) for slot, job in busy if not job.is_generating]):
         room = limit - n_tokens

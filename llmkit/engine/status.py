@@ -27,6 +27,7 @@ class Counters:
     tokens_predicted_total: int = 0
     tokens_predicted_seconds_total: float = 0.0
     n_decode_total: int = 0
+    n_tokens_max: int = 0  # the longest sequence a slot held after a decode (prompt + generation)
     n_busy_slots_total: int = 0  # summed over decodes: / n_decode_total = busy slots per decode
     n_tokens_decoded_total: int = 0  # batch sizes summed over decodes
     batch_prompt_tokens_total: int = 0  # of which prompt tokens ...
@@ -66,8 +67,10 @@ class Counters:
         self.spec_decode_num_accepted_tokens_total += n_accepted
         self.spec_decode_num_drafts_total += 1
 
-    def record_step(self, step: StepRecord) -> None:
+    def record_step(self, step: StepRecord, n_tokens_longest: int = 0) -> None:
+        """One decode; ``n_tokens_longest``: the most tokens a slot of it holds now (llama-server's n_tokens_max)."""
         self.n_decode_total += 1
+        self.n_tokens_max = max(self.n_tokens_max, n_tokens_longest)
         self.n_busy_slots_total += step.n_slots
         self.n_tokens_decoded_total += step.n_prompt + step.n_generated
         self.batch_prompt_tokens_total += step.n_prompt

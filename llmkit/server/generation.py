@@ -187,9 +187,10 @@ async def collect(request: EngineRequest, http_request: Request) -> list[Piece]:
 
     Nothing is written to the socket until the answer is whole, so a closed connection shows only
     on the read side: after the body, the next ASGI ``receive`` returns ``http.disconnect`` when
-    the client closes its socket (uvicorn sees the connection lost). llama-server polls its
-    ``is_connection_closed`` while it waits; yet here a whole answer whose client had left went
-    on generating (README, "Three chat APIs and tool calls").
+    the client closes its socket (uvicorn sees the connection lost). llama-server checks its
+    ``is_connection_closed`` only when its 1-second wait for a result times out, and every other
+    request's result starts that wait again: beside a running stream, an abandoned whole answer
+    is generated to its end there (chapter 3).
     """
 
     async def watch() -> None:

@@ -122,9 +122,13 @@ async def prometheus(state: State) -> Response:
     if not state.settings.metrics:
         raise ApiError(501, "This server does not support metrics endpoint. Start it with `--metrics`")
     content, media_type = metrics.render(state.registry)
-    # llama-server's header; its value there is ggml_time_us() (microseconds since the process started
-    # ggml), despite the name: here it is what the name says, the start in Unix seconds
-    return Response(content, media_type=media_type, headers={"Process-Start-Time-Unix": str(state.t_start)})
+    # llama-server's header, its name spelled as llama-server writes it on the wire (a client may read headers
+    # case-sensitively, as its own tests do): a raw header, which Starlette does not lower and uvicorn's h11 writes
+    # as it is (``llmkit serve slots`` runs h11 for it). Its value there is ggml_time_us() (microseconds since the
+    # process started ggml), despite the name: here it is what the name says, the start in Unix seconds.
+    response = Response(content, media_type=media_type)
+    response.raw_headers.append((b"Process-Start-Time-Unix", str(state.t_start).encode()))
+    return response
 
 
 @router.post("/tokenize")

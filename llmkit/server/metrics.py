@@ -5,10 +5,9 @@ A prometheus_client collector reads the engine's ``status()`` at scrape time, so
 the numbers are exactly the engine's totals (the sums of every finished
 request's ``timings``). Its own registry: nothing of the process leaks in.
 
-One difference from llama-server's hand-written text: prometheus_client
-writes a counter's HELP/TYPE lines without the ``_total`` suffix
-(``# TYPE llamacpp:prompt_tokens counter``), as the exposition format
-prescribes; the sample lines keep the full names (``llamacpp:prompt_tokens_total 42.0``).
+One difference from llama-server's hand-written text: prometheus_client names
+every counter ``..._total``, as the exposition format prescribes, so llama-server's
+counter ``n_tokens_max`` (a maximum, not a count) is a gauge here.
 """
 
 from __future__ import annotations
@@ -60,6 +59,9 @@ def gauges(status: EngineStatus) -> dict[str, tuple[str, float]]:
         ),
         "requests_processing": ("Number of requests processing", status.n_busy),
         "requests_deferred": ("Number of requests deferred", status.n_waiting),
+        # a counter in llama-server's text; a gauge here: prometheus_client names every counter ..._total (the
+        # exposition format's rule), and a maximum is not a count
+        "n_tokens_max": ("Largest observed sequence length (prompt + generation)", c.n_tokens_max),
         "n_busy_slots_per_decode": (
             "Average number of busy slots per llama_decode() call",
             c.n_busy_slots_total / max(c.n_decode_total, 1),

@@ -53,13 +53,14 @@ CONVERTED = {
     "tool_choice": "grammar",
     "parallel_tool_calls": "grammar",
     "kv_transfer_params": "hand_off",  # vLLM's PD handshake: a prefill worker keeps its cells (llmkit.server.handoff)
+    "logit_bias": "logit_bias",  # pairs or an object, a token id or a text each (logit_bias_of)
 }
 # the engine's options no body field sets: the tool grammar's trigger is made with it; the tenant is a header (X-Tenant)
 NOT_FROM_BODY = frozenset({"grammar_trigger", "tenant"})
 # body fields read as they are, under the engine's name (llama-server's)
 BY_NAME = ENGINE - set(CONVERTED) - set(CONVERTED.values()) - NOT_FROM_BODY
 # body fields the HTTP layer reads itself (or accepts and ignores, as said where they are declared)
-HTTP_ONLY = frozenset({"model", "n", "stream_options", "sse_ping_interval", "messages", "prompt", "return_tokens"})
+HTTP_ONLY = frozenset({"model", "n", "stream_options", "sse_ping_interval", "messages", "prompt", "return_tokens", "response_fields"})
 
 
 class ApiModel(BaseModel):
@@ -120,6 +121,7 @@ class GenerationRequest(ApiModel):
     id_slot: Annotated[int, Field(ge=-1)] = -1
     ignore_eos: bool = False
     n_probs: Annotated[int, Field(ge=0, le=20)] = 0
+    logit_bias: list | dict | None = None  # [[token or text, bias or false], ...] or {"token or text": bias}: logit_bias_of
     n_keep: Annotated[int, Field(ge=-1)] = 0  # context shift keeps this many prompt tokens (-1: all)
     n_cache_reuse: Annotated[int, Field(ge=0)] | None = None  # None: the server's --cache-reuse
     # speculation: at most this many draft tokens a step (None: the server's; 0: off). Older llama-servers read
@@ -157,6 +159,8 @@ class GenerationRequest(ApiModel):
             options["n_probs"] = max(n_top, 1)  # the engine computes logprobs only when n_probs > 0
         if self.kv_transfer_params is not None:
             options["hand_off"] = bool(self.kv_transfer_params.get("do_remote_decode"))
+        if self.logit_bias is not None:
+            options["logit_bias"] = logit_bias_of(self.logit_bias)
         return options
 
 
@@ -316,6 +320,27 @@ def constraint_of(body: GenerationRequest) -> Constraint | None:
             "'ignore_eos' cannot be used with a grammar or a schema: once the output is complete, the end is the only token left"
         )
     return Gbnf(gbnf) if gbnf is not None else Schema(schema, strict, field)  # type: ignore[arg-type]  # one of them is set
+
+
+def logit_bias_of(raw: list | dict) -> tuple[tuple[int | str, float], ...]:
+    """A request's ``logit_bias`` as (token id or text, bias) pairs, read as llama-server reads it (server-schema.cpp):
+    pairs ``[token, bias]`` or an object ``{"token": bias}`` (OpenAI's form); a key that is not a token id is a text,
+    whose every token gets the bias (the sampler tokenizes it); ``false`` bans (-inf). What it cannot read (a bias that
+    is not a number, a pair that is not two items) is skipped, as there; so is a token out of the vocabulary (Sampler)."""
+    pairs = raw.items() if isinstance(raw, dict) else (p for p in raw if isinstance(p, list) and len(p) == 2)
+    out: list[tuple[int | str, float]] = []
+    for key, value in pairs:
+        if value is False:
+            bias = float("-inf")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            bias = float(value)
+        else:
+            continue
+        if isinstance(raw, dict) and isinstance(key, str) and key.strip().lstrip("+-").isdigit():
+            out.append((int(key), bias))  # an object's keys are strings: "15043" is a token id
+        elif type(key) is int or isinstance(key, str):
+            out.append((key, bias))
+    return tuple(out)
 
 
 def params_from_body(

@@ -34,6 +34,10 @@ What one run measures (and writes to ``bench-results/``: results.md, results.jso
   policy: llama-server itself has no priorities) and on ones that preempt (``--scheduling-policy priority``), the
   preempted answer's KV cache kept in the host-RAM prompt cache or read again (``--cache-ram 0``), and whether the
   preempted answers came out as on the server that never preempts;
+- fleet (``scenarios.fleet_runs``): vllm-router's policies (round_robin, power_of_two, consistent_hash, cache_aware,
+  kv_aware) in front of 2 replicas (``-t 1``) of the slot server (with ``--kv-events``) and of llama-server (no events:
+  no kv_aware), a fresh fleet per policy, the same seeded multi-tenant trace (``llmkit.course.trace``): the share of
+  prompt tokens served from cache, TTFT p50 and p99, tokens/s, requests per replica;
 - with ``--soak N``: N short requests with distinct prefixes to a slot server with
   4 slots of 2048 tokens and ``--cache-ram 64``, its resident memory sampled every
   100 requests (``scenarios.soak``);
@@ -60,8 +64,8 @@ The package, one role per module:
     prompts    the texts, the translation prompt, long made-up texts of N tokens
     servers    SequentialServer, OpenAIServer: each kind's request and stream; starting them
     raw        RawDecoder: the same work on llama.cpp alone
-    scenarios  what is measured: all_levels, api_streaming, prefix_reuse, arrivals, kv_cache, speculation, priority, soak,
-               greedy_drift
+    scenarios  what is measured: all_levels, api_streaming, prefix_reuse, arrivals, kv_cache, speculation, priority, fleet_runs,
+               soak, greedy_drift
     report     tables, plot, targets, and the files written
     run() (here) runs them all and writes the results
 """
@@ -82,6 +86,7 @@ from llmkit.course import launch
 from llmkit.course.bench import report
 from llmkit.course.bench.config import (
     CACHE_REUSE,
+    FLEET_FLAGS,
     NO_BUDGET,
     PRIORITY_SERVERS,
     PRIORITY_SLOTS,
@@ -99,6 +104,7 @@ from llmkit.course.bench.raw import RawDecoder
 from llmkit.course.bench.report import Target
 from llmkit.course.bench.scenarios import (
     Arrivals,
+    FleetRun,
     KvCache,
     Measured,
     PrefixReuse,
@@ -110,6 +116,7 @@ from llmkit.course.bench.scenarios import (
     all_levels,
     api_streaming,
     arrivals,
+    fleet_runs,
     greedy_drift,
     kv_cache,
     prefix_reuse,
@@ -176,9 +183,17 @@ def measure(cfg: Config) -> Measured:
         m.speculation = speculation_runs(cfg)
     if cfg.priority_rounds and "priority" not in cfg.skip and "slots" not in cfg.skip:
         m.priority = priority_runs(cfg)
+    if cfg.fleet_policies and "fleet" not in cfg.skip:
+        m.fleet = [run for server, flags in FLEET_FLAGS.items() if server not in cfg.skip for run in fleet_server_runs(server, flags, cfg)]
     if cfg.greedy_runs:
         m.greedy = greedy_drift(cfg)
     return m
+
+
+def fleet_server_runs(server: str, flags: tuple[str, ...], cfg: Config) -> list[FleetRun]:
+    """The policies in front of ``server``: llama-server publishes no KV events, so kv_aware is the slot server's alone."""
+    policies = [p for p in cfg.fleet_policies if p != "kv_aware" or server == "slots"]
+    return fleet_runs(server, policies, cfg, flags)
 
 
 def priority_runs(cfg: Config) -> list[Priority]:

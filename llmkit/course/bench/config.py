@@ -25,6 +25,10 @@ def spec_mode(spec_type: str, slow_start: int = 0) -> str:
 
 
 GREEDY_SLOTS = 4  # the greedy-drift engine's slots (explicit n_parallel: one KV stream each), as chapter 6's server
+# the fleet scenario: vllm-router's policies in front of 2 replicas of each server on a seeded multi-tenant trace
+# (llmkit.course.trace); kv_aware routes on KV events, which only the slot server publishes (--kv-events)
+FLEET_POLICIES = ("round_robin", "power_of_two", "consistent_hash", "cache_aware", "kv_aware")
+FLEET_FLAGS = {"slots": ("--kv-events",), "llama-server": ()}
 PRIORITY_SLOTS = 2  # the priority scenario's slots, all busy with low-priority streams when the high-priority request comes
 # the priority scenario's slot servers: name -> flags (llama-server has no priority: it is the first one's way)
 PRIORITY_SERVERS = {
@@ -42,7 +46,7 @@ class Config:
     model: str | None = None
     urls: dict[str, str] = field(default_factory=dict)  # name -> base URL of an OpenAI-compatible server
     out: Path = Path("bench-results")
-    # any of: sequential, slots, no-budget, llama-server, raw, prefix, arrivals, kv-cache, speculation, priority; apis, levels (the
+    # any of: sequential, slots, no-budget, llama-server, raw, prefix, arrivals, kv-cache, speculation, priority, fleet; apis, levels
     # concurrency levels)
     skip: frozenset[str] = frozenset()
     ctx_per_slot: int = 1024
@@ -61,6 +65,10 @@ class Config:
     api_rounds: int = 5  # API streaming cost: rounds, each API's ratio to chat taken within a round, the median reported
     spec_streams: tuple[int, ...] = (1, 4)  # speculation: concurrent clients, each sending every prompt in turn (empty: skip it)
     priority_rounds: int = 3  # priority: high-priority requests sent, each while every slot streams (0: skip it)
+    fleet_policies: tuple[str, ...] = FLEET_POLICIES  # fleet: the router's policies compared (empty: skip it)
+    fleet_conversations: int = 10  # fleet: the trace's users (4 tenants), each ...
+    fleet_turns: int = 4  # ... asking this many questions in a chat that grows
+    fleet_tokens: int = 24  # fleet: max_tokens of each answer
 
     @property
     def api_levels(self) -> tuple[int, ...]:

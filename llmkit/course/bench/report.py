@@ -32,6 +32,7 @@ from llmkit.course.bench.config import (
 from llmkit.course.bench.scenarios import (
     ApiStreaming,
     Arrivals,
+    FleetRun,
     GreedyDrift,
     KvCache,
     Measured,
@@ -133,6 +134,18 @@ def priority_table(results: list[Priority]) -> str:
     lines = ["| server | high-priority TTFT, median | max | preempted | low answers as without preemption |", "|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r.server} | {r.ttft_ms:.0f} ms | {r.ttft_max_ms:.0f} ms | {r.preempted} | {r.low_same} of {r.low_total} |")
+    return "\n".join(lines)
+
+
+def fleet_table(results: list[FleetRun]) -> str:
+    lines = [
+        "| server | policy | cache hit | TTFT p50 | TTFT p99 | tok/s | requests per replica | failed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        per = " / ".join(f"{n}" for n in r.per_replica.values())
+        lines.append(f"| {r.server} | {r.policy} | {percent(r.cache_hit, '.1f')} | {r.ttft_p50_ms:.0f} ms | {r.ttft_p99_ms:.0f} ms | "
+                     f"{r.tokens_per_s:.1f} | {per} | {r.errors} of {r.requests} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -245,6 +258,7 @@ def judge(m: Measured, cfg: Config) -> list[Target]:
         *greedy_info(m.greedy),
         *speculation_targets(m.speculation, cfg),
         *priority_targets(m.priority),
+        *fleet_targets(m.fleet),
         *production_info(at, n),
     ]
 
@@ -378,6 +392,21 @@ def priority_targets(results: Sequence[Priority]) -> list[Target]:
         r = slow.ttft_ms / fast.ttft_ms
         measured = f"{r:.1f}x, {fast.low_same} of {fast.low_total} unchanged, {fast.preempted} preempted"
         out.append(Target(target, measured, r >= PREEMPTION_SPEEDUP and fast.low_same == fast.low_total and fast.preempted > 0))
+    return out
+
+
+def fleet_targets(results: Sequence[FleetRun]) -> list[Target]:
+    """The slot server's fleet: routing on what the replicas' caches hold serves more of the trace's prompts from cache than
+    routing blind (round_robin); the other orderings, for information (a small trace moves them)."""
+    runs = {(r.server, r.policy): r for r in results}
+    name = "slots fleet: kv_aware cache hit >= round_robin's"
+    kv, rr, ca = runs.get(("slots", "kv_aware")), runs.get(("slots", "round_robin")), runs.get(("slots", "cache_aware"))
+    if kv is None or rr is None:
+        return [unmeasured(name)]
+    out = [Target(name, f"{percent(kv.cache_hit, '.1f')} vs {percent(rr.cache_hit, '.1f')}", kv.cache_hit >= rr.cache_hit)]
+    if ca is not None:
+        out.append(info("slots fleet: cache hit, kv_aware / cache_aware / round_robin",
+                        " / ".join(percent(r.cache_hit, ".1f") for r in (kv, ca, rr))))  # fmt: skip
     return out
 
 
@@ -588,6 +617,10 @@ def markdown(m: Measured, targets: list[Target], cfg: Config) -> str:
         parts.append(greedy_section(m.greedy))
     if m.speculation:
         parts.append(speculation_section(m.speculation, cfg))
+    if m.fleet:
+        parts.append(f"## Fleet (vllm-router in front of 2 replicas at -t 1; a seeded trace of {cfg.fleet_conversations} chats of "
+                     f"{cfg.fleet_turns} turns over 4 tenants, {cfg.fleet_tokens} tokens per answer; a fresh fleet per policy)\n\n"
+                     + fleet_table(m.fleet))  # fmt: skip
     if m.priority:
         parts.append(f"## Priority ({PRIORITY_SLOTS} slots busy with low-priority streams, a high-priority request comes; "
                      f"{cfg.priority_rounds} rounds)\n\n" + priority_table(m.priority))  # fmt: skip

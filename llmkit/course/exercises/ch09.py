@@ -24,9 +24,9 @@ def copy_of(name: str) -> str:
 
 def speculating(**params: Any) -> Any:
     from llmkit.engine import Engine, EngineConfig
-    from llmkit.engine.speculative import SpecParams
+    from llmkit.engine.speculative import SpecParams, SpecType
 
-    return Engine(LAB.model(), EngineConfig(n_parallel=1, n_ctx=2048, n_threads=1, speculative=SpecParams("ngram-simple", **params)))
+    return Engine(LAB.model(), EngineConfig(n_parallel=1, n_ctx=2048, n_threads=1, speculative=SpecParams(SpecType.NGRAM_SIMPLE, **params)))
 
 
 # --- exercise 1: the size of the n-gram ----------------------------------------------------------------------------

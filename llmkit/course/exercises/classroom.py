@@ -15,6 +15,7 @@ or error, per exercise.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import csv
 import html
@@ -243,6 +244,7 @@ async def execute(run: Any, work: Path, cell_timeout: float, total_timeout: floa
         if client.km is not None:
             with contextlib.suppress(Exception):
                 await ensure_async(client.km.shutdown_kernel(now=True))
+        atexit.unregister(client._cleanup_kernel)  # a run cut short leaves nbclient's own clean-up for the exit: done here
         stop_servers(work / "servers.pids")
 
 

@@ -56,7 +56,7 @@ class TokenMemory(Context):
         self.copied += n
         return mmap.mmap(-1, max(n, 1))
 
-    def set_seq_state(self, seq_id: int, data: mmap.mmap) -> bool:
+    def set_seq_state(self, seq_id: int, data: mmap.mmap | bytearray) -> bool:
         self.copied += len(data)
         return True
 

@@ -70,11 +70,18 @@ class Symbol:
     def where(self) -> str:
         return f"{self.path}:{self.start}-{self.end}"
 
+    @property
+    def kind_name(self) -> str:
+        """``kind`` in the reader's language (the label of a caption)."""
+        names = {"function": tr("function"), "struct": tr("struct"), "class": tr("class"), "enum": tr("enum"), "union": tr("union"),
+                 "lambda": tr("lambda"), "method": tr("method"), "module": tr("module")}  # fmt: skip
+        return names.get(self.kind, self.kind)
+
     def __str__(self) -> str:
         width = len(str(self.end))
         numbered = (f"{n:>{width}}  {line}" for n, line in enumerate(self.text.splitlines(), self.start))
         comment = "//" if self.language == "cpp" else "#"
-        return f"{comment} {self.name} ({self.kind}) — {self.where}\n" + "\n".join(numbered)
+        return f"{comment} {self.name} ({self.kind_name}) — {self.where}\n" + "\n".join(numbered)
 
     def _repr_html_(self) -> str:
         return highlight(self)
@@ -90,7 +97,7 @@ def highlight(symbol: Symbol) -> str:
     formatter = HtmlFormatter(linenos="inline", linenostart=symbol.start, noclasses=True, style="default")
     caption = (
         f"<div style='font-family:monospace;font-size:90%;color:#555'>{html.escape(symbol.name)} "
-        f"({tr('{kind}, {n} lines', kind=symbol.kind, n=symbol.n_lines)}) — {html.escape(symbol.where)}</div>"
+        f"({tr('{kind}, {n} lines', kind=symbol.kind_name, n=symbol.n_lines)}) — {html.escape(symbol.where)}</div>"
     )
     return caption + pygmentize(symbol.text, lexer, formatter)
 

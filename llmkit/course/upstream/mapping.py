@@ -73,7 +73,8 @@ MAP: tuple[Counterpart, ...] = (
                 in_upstream="SERVER_TASK_TYPE_METRICS", in_llmkit="self._snapshot()"),
     Counterpart("llmkit.engine.scheduler.choose_slot", "server_context_impl::get_available_slot", CONTEXT,
                 "same rules (id_slot, similarity > 0.1, least recently used), but a request with cache_prompt false "
-                "skips the similarity rule (it reuses no prefix); the prompt-cache update is swaps_prompt + Engine.swap_prompt",
+                "skips the similarity rule (it reuses no prefix), and of idle slots equally old llmkit takes the first, "
+                "llama-server the last (t_last_used <= t_last); the prompt-cache update is swaps_prompt + Engine.swap_prompt",
                 in_upstream="f_sim_cur > slot_prompt_similarity", in_llmkit="> SIMILARITY_THRESHOLD"),
     Counterpart("llmkit.engine.scheduler.swaps_prompt", "server_context_impl::get_available_slot", CONTEXT,
                 "its update_cache decision as a pure function (LRU, or similarity with f_keep < 0.5); also no without cache_prompt",
@@ -175,7 +176,8 @@ MAP: tuple[Counterpart, ...] = (
                 in_upstream="mod.get(result.data() + i)", in_llmkit="self.entries[self.index(chain[-n:])]"),
     Counterpart("llmkit.engine.speculative.NgramMod.accept", "common_speculative_impl_ngram_mod::accept", "common/speculative.cpp",
                 "the same rule (5 drafts in a row under a quarter accepted empty the table); llmkit then also forgets "
-                "where every slot's tokens were learned up to",
+                "where every slot's tokens were learned up to, and counts the share accepted of the draft it verified, where "
+                "llama-server divides by the chain's length before the request's caps cut it (n_draft_last)",
                 in_upstream="sinfo.n_low >= 5", in_llmkit="self.n_low[seq] >= 5"),
     Counterpart("llmkit.engine.engine.Engine.process_token", "server_context_impl::process_token", CONTEXT,
                 "the same checks (end of generation, stop strings, budget, context end); the last three in Engine.check_end",
@@ -246,8 +248,9 @@ MAP: tuple[Counterpart, ...] = (
                 "the same prompt shapes, one prompt (no n > 1)",
                 in_upstream="TASK_RESPONSE_TYPE_OAI_CMPL", in_llmkit="openai_formatter(TextFormatter, state, body)"),
     Counterpart("llmkit.server.generation.generate", "server_routes::handle_completions_impl", CONTEXT,
-                "submit, then answer: a stream's status line once a slot starts the request, as on llama-server's begin result; "
-                "one engine request per prompt (no n > 1), streamed through Starlette",
+                "submit, then answer: a stream's status line once the engine admits the request into a slot, at the start of a "
+                "step (llama-server: on its begin result, in a step whose batch still has room); one engine request per "
+                "prompt (no n > 1), streamed through Starlette",
                 in_upstream="rd.post_tasks(std::move(tasks))", in_llmkit="await submit("),
     Counterpart("llmkit.server.dialects.native.completion", "server_routes::post_completions", CONTEXT,
                 "llama-server's own dialect on /completion and /completions: several prompts are streamed one after the other, not "
@@ -298,8 +301,10 @@ MAP: tuple[Counterpart, ...] = (
                 "the request's settings checked and compiled off the event loop, then one prompt queued",
                 in_upstream="queue_tasks.post(std::move(tasks)", in_llmkit="engine.submit(prompt, params, kv)"),
     Counterpart("llmkit.server.generation.collect", "server_response_reader::wait_for_all", QUEUE,
-                "also watches the connection: ASGI reports the closed socket and the request is cancelled; llama-server's should_stop, "
-                "polled each second, did not see it",
+                "also watches the connection: ASGI reports the closed socket at once and the request is cancelled; llama-server's "
+                "next polls should_stop (a peek at the socket) only when its 1-second wait for a result times out, and every "
+                "other request's result starts that wait again: beside a running stream, an abandoned answer is generated to "
+                "its end (chapter 3)",
                 in_upstream="next(should_stop)", in_llmkit="async for piece in request"),
     Counterpart("llmkit.server.protocol.ChatRequest.tool_calling", "oaicompat_chat_params_parse", COMMON,
                 "tools, tool_choice and parallel_tool_calls checked (parallel by default only where the template can); a constraint with "
@@ -317,8 +322,12 @@ MAP: tuple[Counterpart, ...] = (
                 in_upstream="tool_call_index = std::string::npos", in_llmkit="index: int = -1"),
     Counterpart("llmkit.llama.Trigger", "llama_grammar_accept_impl", "src/llama-grammar.cpp",
                 "its lazy-grammar branch, with one word that must end on a token boundary; llama.cpp takes regex patterns and replays "
-                "the rest of the token into the grammar (and aborts if it does not fit)",
+                "the rest of the token into the grammar, which throws if it does not fit: llama-server fails that request (500), "
+                "a caller of the C API, as llmkit is, aborts (chapter 6)",
                 in_upstream="grammar.awaiting_trigger", in_llmkit="self.fired"),
+    Counterpart("llmkit.server.dialects.native.pick", "json_get_nested_values", COMMON,
+                "the same: response_fields by slash path, each kept under its path, one that leads nowhere left out",
+                in_upstream="valid_path = false", in_llmkit='path.split("/")'),
     Counterpart("llmkit.server.sse.named_event", "format_anthropic_sse", COMMON,
                 "the same bytes: event: <type>, data: <json>, a blank line",
                 in_upstream='"event: "', in_llmkit='f"event: '),

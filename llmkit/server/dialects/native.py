@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import AfterValidator
+from pydantic import AfterValidator, Field
 
 from llmkit.engine import End, Outcome, Piece, RequestParams
 from llmkit.engine import Request as EngineRequest
@@ -79,6 +79,7 @@ class NativeCompletionRequest(GenerationRequest):
 
     prompt: Annotated[Any, AfterValidator(_native_prompts)]  # one or more prompts (a list after validation)
     return_tokens: bool = False
+    response_fields: list[str] = Field(default_factory=list)  # only these fields of the answer's last object, by slash path (a/b)
 
 
 @router.post("/completion")
@@ -96,7 +97,7 @@ async def completion(body: NativeCompletionRequest, http_request: Request, state
             request = await submit(http_request, state, body, tokens)
             requests.append(request)
             formats.append(NativeFormatter(state.model_name, text, body.n_top_logprobs(), model.token_to_piece, body.return_tokens,
-                                           index, params=request.params))  # fmt: skip
+                                           index, tuple(body.response_fields), params=request.params))  # fmt: skip
     except BaseException:  # a later prompt is refused: the ones already queued have no reader
         for request in requests:
             request.cancel()
@@ -125,6 +126,7 @@ class NativeFormatter:
     token_piece: Callable[[int], bytes] = bytes
     return_tokens: bool = False  # a whole answer lists its tokens only if asked (a stream's chunks always do)
     index: int = 0  # which prompt of the request this answers
+    fields: tuple[str, ...] = ()  # response_fields: only these of the last object, by slash path; empty: all
     n_sent: int = 0  # tokens sent so far in the stream
     params: RequestParams = field(default_factory=RequestParams)  # the request's settings (its generation_settings)
     done = None  # llama-server ends a native stream without [DONE]
@@ -153,7 +155,7 @@ class NativeFormatter:
         }
         if items and self.n_top is not None:
             body["completion_probabilities"] = token_logprobs(items, self.n_top, self.token_piece)
-        return body
+        return pick(body, self.fields) if self.fields else body
 
     def response(self, outcome: Outcome, pieces: list[Piece], answer: sse.Answer) -> dict:
         """The whole answer: every token the model produced, the stop word's included (as llama-server)."""
@@ -185,3 +187,18 @@ class NativeFormatter:
 
     def error(self, exc: ApiError) -> list[dict]:
         return [LLAMA_SERVER.body(exc)]
+
+
+def pick(body: dict, paths: tuple[str, ...]) -> dict:
+    """The values at ``paths`` ("generation_settings/n_predict"), keyed by the path; a path that leads nowhere is
+    left out (llama-server's ``response_fields``: json_get_nested_values, server-common.cpp)."""
+    picked = {}
+    for path in paths:
+        value: Any = body
+        for key in path.split("/"):
+            if not isinstance(value, dict) or key not in value:
+                break
+            value = value[key]
+        else:
+            picked[path] = value
+    return picked
