@@ -104,7 +104,7 @@ def test_one_edition_per_language_with_every_chapter(site):
         edition = site / lang
         names = {nb.stem for nb in notebooks(lang)}
         assert names, f"no notebooks in notebooks/{lang}"
-        built = {p.stem for p in edition.glob("0*.html")}
+        built = {p.stem for p in edition.glob("[0-9][0-9]_*.html")}
         assert built == names, f"{lang}: built {sorted(built)}, notebooks {sorted(names)}"
         # The edition's own front page leads to its first chapter, in its language.
         assert "00_start_here.html" in (edition / "index.html").read_text(encoding="utf-8")

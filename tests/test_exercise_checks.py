@@ -41,6 +41,8 @@ def lab(tmp_path_factory):
 
 def context(chapter: int) -> dict:
     """What a chapter's solution cells use from its earlier cells."""
+    if chapter == 10:
+        return {"model": LAB.model()}
     if chapter == 5:
         original = ch05.chat_history("My name is Ana and I live in a small house by the sea.")
         return {"Slot": Slot, "RequestParams": RequestParams, "choose_slot": choose_slot, "common_prefix": common_prefix, "MIB": MIB,
@@ -97,6 +99,9 @@ WRONG = {
     (9, 2): (lambda sol: [(5, True), (4, False)], []),
     (9, 3): (lambda sol: [lambda draft, sampled, is_eog: sampled[: len(draft) + 1]], []),
     (9, 4): (lambda sol: [wrong.LookupInEverything], []),
+    (10, 1): (lambda sol: [2], []),
+    (10, 2): (lambda sol: [sol[0] // 2, 3 * sol[0]], []),  # the keys alone; every head counted, not the KV heads
+    (10, 3): (lambda sol: [wrong.event_with(sol[0], source="worker"), wrong.event_with(sol[0], token_ids=[])], []),
 }
 ALL = [ex for ch in exercises.chapters() for ex in ch]
 

@@ -96,8 +96,8 @@ def test_cache_aware_follows_the_rendered_prefix_to_a_busy_replica(slots_fleet):
     tenant's next request still goes to X, where its prefix is. Without the worker's render routes the router knows
     no tokens and sends it to the least-loaded replica, the other one (vllm-router's cache_aware.rs). (Whether X then
     reads the prefix from its cache is the engine's business: here the stream holds the slot that has it.)"""
-    router = fleet.start_router("cache_aware", [r.url for r in slots_fleet.replicas], (), None, 60)
-    try:
+    with slots_fleet.routed("cache_aware") as routed:
+        router = routed.router
         system = {"role": "system", "content": " ".join(trace.make_trace(seed=7).tenants[0].system.split()[:120])}
         first = chat(router.url, [system, {"role": "user", "content": "Which account?"}])
         busy = slots_fleet.replica_of(first)
@@ -116,8 +116,6 @@ def test_cache_aware_follows_the_rendered_prefix_to_a_busy_replica(slots_fleet):
         assert started.wait(120)
         second = chat(router.url, [system, {"role": "user", "content": "Which branch?"}])
         thread.join()
-    finally:
-        router.stop()
     assert stream_replica == [busy], "the stream of the same tenant went where its prefix was"
     assert slots_fleet.replica_of(second) == busy, "and so did the next request, though the other replica was idle"
 

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -46,3 +47,23 @@ def test_committed_with_outputs_and_no_errors(path):
     assert all(c.execution_count for c in code), "every code cell was executed before committing"
     errors = [o for c in code for o in c.outputs if o.output_type == "error"]
     assert not errors, errors
+
+
+def compares_rows(nb) -> set[int]:
+    """The chapter numbers of the rows of chapter 0's "What each chapter compares" table (its first table)."""
+    table = next(c.source for c in nb.cells if c.cell_type == "markdown" and "|---|---|" in c.source)
+    return {int(m) for m in re.findall(r"^\| (\d+)\. ", table, re.MULTILINE)}
+
+
+def prints_labels(nb) -> bool:
+    return any(re.search(r"\btr\(", c.source) for c in nb.cells if c.cell_type == "code")
+
+
+@pytest.mark.parametrize("en_path", [p for p in ENGLISH if not p.name.startswith("00_")], ids=lambda p: p.name)
+def test_every_chapter_has_its_twin_its_catalog_and_its_row_in_chapter_0(en_path):
+    number = int(en_path.name.split("_", 1)[0])
+    assert (ROOT / "ja" / en_path.name).exists(), f"no Japanese edition of {en_path.name}"
+    if prints_labels(nbformat.read(en_path, 4)):
+        assert (ROOT / "ja" / "locale" / f"{en_path.stem}.po").exists(), f"{en_path.name} prints labels: its catalog is missing"
+    for lang in ("en", "ja"):
+        assert number in compares_rows(nbformat.read(ROOT / lang / "00_start_here.ipynb", 4)), f"chapter 0 ({lang}) has no row for {number}"

@@ -55,6 +55,15 @@ def test_a_tenant_s_conversations_share_its_long_prefix_and_tenants_differ():
         assert first[: len(prefixes[c.tenant])] == prefixes[c.tenant]
 
 
+def test_a_fresh_trace_is_the_same_trace_whose_prompts_share_no_prefix_with_the_old_one():
+    t = trace.make_trace(seed=0, tenants=3, conversations=6)
+    again = t.fresh("run 2")
+    assert again.conversations == t.conversations and t.fresh("run 2") == again  # seeded: one tag, one trace
+    for old, new in zip(t.tenants, again.tenants, strict=True):
+        assert new.shots == old.shots and new.system.endswith(old.system) and new.system.startswith("[run 2] ")
+        assert new.system[:16] != old.system[:16]  # a cache keyed by the first block of tokens holds nothing of it
+
+
 def record(replica: str | None, prompt: int, cached: int, out: int, ttft: float, sent: float, seconds: float, error: str | None = None):
     return Record(0, 0, 0, sent, prompt, cached, out, ttft, seconds, replica, error)
 

@@ -4,8 +4,9 @@ drops the last event, a route that blocks the server ... Each check must fail th
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from llmkit.course.exercises import ch04, ch09
 from llmkit.engine.slot import common_prefix
@@ -131,3 +132,8 @@ class NoLimitFirst(ch04.ReferenceFewTokensFirst):
 
     def order(self, waiting, slots):
         return sorted(waiting, key=lambda r: (r.params.max_tokens, r.id))
+
+
+def event_with(stored: Callable[[list[int], int], dict], **changed: Any) -> Callable[[list[int], int], dict]:
+    """Chapter 10's KV event with fields changed: an unknown key (the router refuses the batch), or no token ids."""
+    return lambda tokens, block_size: {**stored(tokens, block_size), **changed}

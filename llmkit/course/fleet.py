@@ -6,6 +6,8 @@
         f.router                 # the router's ServerProcess (its log says what it chose and why)
         f.replica_of(answer)     # which replica served an answer (each replica is named <model>@<index>)
         f.kill(1); f.restart(1)  # a replica crashes; it comes back on its port and rejoins
+        with f.routed("kv_aware") as g: ...   # another router in front of the same replicas (no model loaded again)
+        with f.routed("cache_aware", replicas=[0]) as one: ...   # ... or of some of them
 
 The router is vLLM's (PyPI ``vllm-router``, a Rust binary in the ``lab`` extra; its policies are ``POLICIES``),
 never one written here: llmkit's part is to be a worker it routes well (``llmkit.server.worker``). The replicas
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import signal
@@ -40,7 +43,7 @@ import httpx
 from llmkit import models
 from llmkit.course import launch
 from llmkit.course.launch import ServerProcess
-from llmkit.course.trace import Record, Trace, replay
+from llmkit.course.trace import Record, Trace, areplay
 
 POLICIES = ("random", "round_robin", "power_of_two", "consistent_hash", "cache_aware", "kv_aware", "sticky_least_loaded")
 SERVERS = ("slots", "llama-server")
@@ -83,6 +86,21 @@ class Fleet:
         """Start replica ``index`` again on its port, then wait until the router reports every replica healthy."""
         self.replicas[index].restart(timeout)
         launch.wait_healthy(self.url, timeout)
+
+    @contextlib.contextmanager
+    def routed(
+        self, policy: str, router_flags: Sequence[str] = (), replicas: Sequence[int] | None = None, timeout: float = 60
+    ) -> Iterator[Fleet]:
+        """Another router, with ``policy`` (and ``router_flags``), in front of the same replicas (or of the ``replicas``
+        given, by index) for the block: policies and fleet sizes compared without loading a model again (their caches
+        stay warm: ``Trace.fresh``). The fleet it yields has those replicas only, numbered from 0."""
+        chosen = range(len(self.replicas)) if replicas is None else replicas
+        members, names = [self.replicas[i] for i in chosen], [self.names[i] for i in chosen]
+        router = start_router(policy, [r.url for r in members], router_flags, None, timeout)
+        try:
+            yield dataclasses.replace(self, policy=policy, router=router, replicas=members, names=names)
+        finally:
+            router.stop()
 
     def stop(self) -> None:
         """The router first (no new requests), then every replica at once: SIGTERM, SIGKILL after 15 s."""
@@ -193,8 +211,13 @@ def warm_up(fleet: Fleet) -> None:
 
 def run_trace(fleet: Fleet, trace: Trace, **params: Any) -> list[Record]:
     """Replay ``trace`` through the fleet's router; each record's ``replica`` is the replica's index ("0", "1", ...)."""
-    warm_up(fleet)
-    records = replay(trace, fleet.url, **params)
+    return asyncio.run(arun_trace(fleet, trace, **params))
+
+
+async def arun_trace(fleet: Fleet, trace: Trace, **params: Any) -> list[Record]:
+    """``run_trace`` in a running event loop (a notebook's: ``records = await fleet.arun_trace(f, trace)``)."""
+    await asyncio.to_thread(warm_up, fleet)
+    records = await areplay(trace, fleet.url, **params)
     for record in records:
         index = fleet.replica_of(record.replica) if record.replica is not None else None
         record.replica = None if index is None else str(index)

@@ -128,7 +128,8 @@ def command(kind: str, port: int, flags: tuple[str, ...]) -> list[str]:
         from llmkit import models
         from llmkit.course import upstream
 
-        model = [] if {"-m", "--model"} & set(flags) else ["-m", str(models.resolve_model())]
+        given = {"-m", "--model", "--models-dir", "--models-preset"} & set(flags)  # a model, or router mode's models
+        model = [] if given else ["-m", str(models.resolve_model())]
         return [str(upstream.server_binary()), *model, "--host", HOST, "--port", str(port), *flags]
     if kind == "vllm-router":  # the fleet's router (the lab extra's vllm-router), on the same interpreter
         return [sys.executable, "-m", "vllm_router.launch_router", "--host", HOST, "--port", str(port), *flags]

@@ -193,6 +193,12 @@ class Trace:
         question = {"role": "user", "content": conversation.questions[len(answers)]}
         return [*self.tenants[conversation.tenant].prefix(), *turns, question]
 
+    def fresh(self, tag: str) -> Trace:
+        """The same trace with ``tag`` at the start of every system prompt: replayed on replicas that served it before,
+        none of its prompts is in their caches (a prefix shared with the earlier run ends within the first few tokens)."""
+        tenants = tuple(dataclasses.replace(t, system=f"[{tag}] {t.system}") for t in self.tenants)
+        return dataclasses.replace(self, tenants=tenants)
+
     @property
     def n_requests(self) -> int:
         return sum(len(c.questions) for c in self.conversations)

@@ -31,6 +31,7 @@ CONTEXT = "tools/server/server-context.cpp"
 QUEUE = "tools/server/server-queue.cpp"
 COMMON = "tools/server/server-common.cpp"
 TASK = "tools/server/server-task.cpp"
+MODELS = "tools/server/server-models.cpp"
 
 
 @dataclass(frozen=True)
@@ -378,6 +379,26 @@ MAP: tuple[Counterpart, ...] = (
     Counterpart("llmkit.server.embeddings.Embedder", "server_context_impl::send_embedding", CONTEXT,
                 "a second, small context for embeddings instead of a slot in the main one",
                 in_upstream="llama_get_embeddings_seq(", in_llmkit="self._ctx.embedding(0)"),
+    # Beyond one machine (chapter 10): what llama-server has beside llmkit's fleet, its worker routes and its hand-off
+    Counterpart("llmkit.course.fleet.start_replicas", "server_models::load", MODELS,
+                "starts N replicas of one model at once, each on a free port, for a real router in front of them (vllm-router); "
+                "llama-server's router mode spawns one child per model a request names, when it is named, and proxies to it itself",
+                in_upstream="common_http_get_free_port()", in_llmkit="launch.spawn(server"),
+    Counterpart("llmkit.course.fleet.Fleet.stop", "server_models::unload_all", MODELS,
+                "the router first, then every replica at once (SIGTERM, then SIGKILL after 15 s); llama-server asks each child to exit",
+                in_upstream="request_stop(name, !loading)", in_llmkit="stop_all(self.replicas)"),
+    Counterpart("llmkit.server.worker.render_chat", "server_routes::post_apply_template", CONTEXT,
+                "the chat's prompt as token ids (vLLM's render route, which vllm-router's prefix-aware policies ask of every worker); "
+                "llama-server's /apply-template answers the prompt as text, and has no render route",
+                in_upstream="oaicompat_chat_params_parse(", in_llmkit="chat_prompt, state.engine.model, body"),
+    Counterpart("llmkit.server.handoff.kv_handoff", "server_context_impl::process_single_task", CONTEXT,
+                "a finished prefill's KV cells for its decode worker, over HTTP, once (kept 60 s in RAM); llama-server's slot save "
+                "(/slots?action=save) writes a slot's cells to a file under --slot-save-path",
+                in_upstream="llama_state_seq_save_file(", in_llmkit="state.handoffs.take(key)"),
+    Counterpart("llmkit.engine.engine.Engine.launch_from", "server_context_impl::process_single_task", CONTEXT,
+                "starts a request from KV cells another server read (disaggregated decode); llama-server's slot restore loads an idle "
+                "slot's cells from a file, with no request",
+                in_upstream="llama_state_seq_load_file(", in_llmkit="slot.load_cells(self.ctx"),
 )  # fmt: skip
 
 
