@@ -147,21 +147,24 @@ def test_a_replica_that_fails_to_start_is_named_with_its_log(tmp_path):
 
 
 async def long_streams(f: fleet.Fleet, n: int, max_tokens: int, on_started) -> list[dict]:
-    """``n`` streams of ``max_tokens`` (no early end), started 0.3 s apart; ``on_started`` once each sent 2 pieces."""
+    """``n`` streams of ``max_tokens`` (no early end), started 0.3 s apart; ``on_started`` once each sent 2 pieces. A
+    stream's pieces count chunks with text (a token past the end of generation can have none), ``finish`` its reason."""
     counts, all_started = [0] * n, asyncio.Event()
 
     async def one(i: int, client: httpx.AsyncClient) -> dict:
         await asyncio.sleep(0.3 * i)
         messages = [{"role": "user", "content": f"Count from {i * 100} upward."}]
         body = {"model": "any", "messages": messages, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
-        out: dict = {"replica": None, "pieces": 0, "error": None}
+        out: dict = {"replica": None, "pieces": 0, "finish": None, "error": None}
         try:
             async with client.stream("POST", f"{f.url}/v1/chat/completions", json=body) as r:
                 async for line in r.aiter_lines():
                     if line.startswith("data: {"):
                         chunk = json.loads(line[6:])
                         out["replica"] = f.replica_of(chunk)
-                        out["pieces"] += bool(chunk["choices"] and chunk["choices"][0]["delta"].get("content"))
+                        choice = chunk["choices"][0] if chunk["choices"] else {"delta": {}}
+                        out["pieces"] += bool(choice["delta"].get("content"))
+                        out["finish"] = choice.get("finish_reason") or out["finish"]
                         counts[i] = out["pieces"]
                         if min(counts) >= 2:
                             all_started.set()
@@ -187,8 +190,8 @@ def test_a_killed_replica_fails_only_its_in_flight_requests_and_rejoins_after_a_
     on_victim = [s for s in streams if s["replica"] == victim]
     on_other = [s for s in streams if s["replica"] == 1 - victim]
     assert len(on_victim) == len(on_other) == 2, streams
-    assert all(s["error"] is not None and s["pieces"] < 300 for s in on_victim), "its in-flight streams broke off"
-    assert all(s["error"] is None and s["pieces"] == 300 for s in on_other), "the other replica's streams finished"
+    assert all(s["error"] is not None and s["finish"] is None for s in on_victim), f"its in-flight streams broke off: {on_victim}"
+    assert all(s["error"] is None and s["finish"] == "length" for s in on_other), f"the other replica's streams finished: {on_other}"
     assert [f.replica_of(a) for a in after] == [1 - victim] * 4, "the fleet kept answering (a retry goes to the survivor)"
 
     f.restart(victim)  # same port; the router's health check lets it back in (and its circuit, if it opened, after 10 s)
