@@ -85,6 +85,7 @@ def add_serve_parsers(sub: argparse._SubParsersAction) -> None:
     add_speculative_flags(slots)
     slots.add_argument("-n", "--n-predict", type=int, default=-1, help="default max tokens per request (-1: no limit)")
     slots.add_argument("--temp", type=float, default=0.8, help="default sampling temperature (default 0.8, 0 = greedy)")
+    slots.add_argument("--ignore-eos", action="store_true", help="generate past the end-of-generation token (a request may say otherwise)")
     slots.add_argument("--alias", help="model name shown to clients (default: the GGUF file name)")
     slots.add_argument("--api-key", help="require this key (Authorization: Bearer KEY or X-Api-Key); /health stays public")
     slots.add_argument("--metrics", action="store_true", help="enable GET /metrics (Prometheus)")
@@ -372,7 +373,8 @@ def serve_slots(args: argparse.Namespace) -> int:
             server.should_exit = True  # llama-server exits when the model does not load: so do we
             raise
 
-    defaults = RequestParams.of(max_tokens=args.n_predict, temperature=args.temp, seed=args.seed)  # what a request leaves out
+    # what a request leaves out
+    defaults = RequestParams.of(max_tokens=args.n_predict, temperature=args.temp, seed=args.seed, ignore_eos=args.ignore_eos)
     settings = Settings(
         alias=args.alias, api_key=args.api_key, defaults=defaults, metrics=args.metrics, slots=args.slots,
         max_body_size=args.max_body_size, n_threads=args.threads, sse_ping_interval=args.sse_ping_interval, kv_events=kv_events,

@@ -27,8 +27,10 @@ from pydantic import BaseModel, Field
 
 from llmkit import grammar
 from llmkit.course import launch
+from llmkit.engine.request import RequestParams
 from llmkit.llama import Batch, Context, Grammar, GrammarSampler, Sampler, SamplingParams
 from llmkit.server.dialects.openai_chat import ChatCompletionRequest
+from llmkit.server.generation import request_params
 from llmkit.server.protocol import constraint_of
 
 MAX_TOKENS = 256
@@ -747,7 +749,6 @@ def test_compile_converts_checks_and_caches(model):
         ({"response_format": {"type": "json_schema", "json_schema": {"schema": PERSON, "strict": True}}},
          grammar.Schema(PERSON, True, "response_format.json_schema.schema")),
         ({"grammar": "root ::= x", "json_schema": {}}, "Cannot use both 'json_schema' and 'grammar'"),
-        ({"json_schema": {}, "ignore_eos": True}, "'ignore_eos' cannot be used"),
     ],
 )  # fmt: skip
 def test_constraint_resolution(body, expected):
@@ -758,6 +759,18 @@ def test_constraint_resolution(body, expected):
             constraint_of(request)
     else:
         assert constraint_of(request) == expected
+
+
+@pytest.mark.parametrize(
+    "body, server_ignores_eos",
+    [({"json_schema": {}, "ignore_eos": True}, False), ({"json_schema": {}}, True), ({"grammar": "root ::= x"}, True)],
+)
+def test_ignore_eos_with_a_constraint_is_refused(body, server_ignores_eos):
+    """The request's ignore_eos, or when it says nothing the server's (``--ignore-eos``), with a constraint: a ValueError
+    (a 400) before anything is compiled, since a complete output leaves only the end token."""
+    request = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}]} | body)
+    with pytest.raises(ValueError, match="'ignore_eos' cannot be used with a grammar"):
+        request_params(request, RequestParams.of(ignore_eos=server_ignores_eos), model=None)  # type: ignore[arg-type]
 
 
 def test_a_grammar_is_kept_by_its_model_and_freed_with_it(model_path):

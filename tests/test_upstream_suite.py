@@ -15,6 +15,8 @@ set to a shim written beside it that rewrites the argv and then execs the server
 - for llmkit's slot server (``python -m llmkit serve slots``): the same, and every flag its
   ``--help`` does not list is dropped with its values (``--jinja``, ``--no-jinja``,
   ``--chat-template-file``, ...).
+- for a test named in ``FLAGS_FOR``, the flags it gives, on both servers (the shim reads the test's
+  id from ``PYTEST_CURRENT_TEST``, which pytest sets while a test runs and the server inherits).
 
 Both get ``-t 1`` (two servers, two cores). The copies have their own ``conftest.py`` in place of
 upstream's, which first starts every preset to download its model (bert, jina, tinygemma3, ...):
@@ -88,6 +90,15 @@ INTENDED: dict[str, str] = {
     "unit/test_completion.py::test_n_probs_post_backend_sampling": "the same, with llama-server's backend sampling",
 }
 
+# Flags the shim adds for one upstream test, on both servers, and why.
+FLAGS_FOR = {
+    # It asserts that each answer is n_predict tokens long, which holds for tinyllama's stories and not for SmolLM2:
+    # at temperature 0.8 it samples the end token at 88 or 89 of 90 in about half the runs, on both servers (measured:
+    # fresh servers, 8 runs each: llama-server 4 failed, the slot server 3). The test is of the unified KV pool's
+    # room (90 + 90 + 75 cells of 256), which answers shorter than asked no longer fill.
+    "unit/test_completion.py::test_completion_unified": ("--ignore-eos",),
+}
+
 # The flags that name llama-server's model: the shim gives -m <embedded model> instead.
 MODEL_FLAGS = ("--hf-repo", "--hf-file", "--offline", "--model-url", "-m", "--model")
 
@@ -100,6 +111,7 @@ import sys
 COMMAND = {command!r}
 DROP = {drop!r}
 KNOWN = {known!r}  # None: every flag not in DROP is kept
+FLAGS_FOR = {flags_for!r}  # the test's own flags (PYTEST_CURRENT_TEST: "unit/x.py::test_y[params] (call)")
 
 argv, args = sys.argv[1:], []
 while argv:
@@ -109,7 +121,8 @@ while argv:
         values.append(argv.pop(0))
     if flag not in DROP and (KNOWN is None or flag in KNOWN):
         args += [flag, *values]
-command = [*COMMAND, *args]
+test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0].split("[")[0]
+command = [*COMMAND, *args, *FLAGS_FOR.get(test, ())]
 print("shim: exec", " ".join(command), flush=True)
 os.execv(command[0], command)
 '''
@@ -175,7 +188,9 @@ def write_run(folder: Path, server: str, known: set[str] | None) -> Path:
     target = [str(upstream.server_binary())] if server == "llama-server" else [sys.executable, "-m", "llmkit", "serve", "slots"]
     command = [*target, "-m", str(models.default_model_path()), "-t", "1"]
     shim = folder / "server-shim"
-    shim.write_text(SHIM.format(python=sys.executable, command=command, drop=MODEL_FLAGS, known=sorted(known) if known else None))
+    shim.write_text(
+        SHIM.format(python=sys.executable, command=command, drop=MODEL_FLAGS, known=sorted(known) if known else None, flags_for=FLAGS_FOR)
+    )
     shim.chmod(0o755)
     return tests
 
@@ -215,14 +230,12 @@ def table(results: dict[str, dict[str, Outcome]]) -> str:
     return "\n".join(rows)
 
 
-def start_run(folder: Path, server: str, port: int, known: set[str], ids: tuple[str, ...] = ()) -> subprocess.Popen:
-    """pytest on a copy of the suite (or only ``ids`` of it) against ``server``, in a session of its own: its servers
-    are in its process group."""
+def start_run(folder: Path, server: str, port: int, known: set[str]) -> subprocess.Popen:
+    """pytest on a copy of the suite against ``server``, in a session of its own: its servers are in its process group."""
     tests = write_run(folder, server, known if server == "slots" else None)
     env = {**os.environ, "PORT": str(port), "LLAMA_SERVER_BIN_PATH": str(folder / "server-shim")}
     env.pop("PYTEST_ADDOPTS", None)
-    selection = ids or (*SUITE, *(f"--deselect={i}" for i in UPSTREAM_SKIPS))
-    command = [sys.executable, "-m", "pytest", *selection, "-p", "no:cacheprovider",
+    command = [sys.executable, "-m", "pytest", *SUITE, *(f"--deselect={i}" for i in UPSTREAM_SKIPS), "-p", "no:cacheprovider",
                "-q", "--basetemp", str(folder / "basetemp"), "--junitxml", str(folder / "junit.xml")]  # fmt: skip
     with open(folder / "pytest.log", "wb") as log:
         return subprocess.Popen(command, cwd=tests, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -254,12 +267,7 @@ def regressions(results: dict[str, dict[str, Outcome]]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict[str, dict[str, Outcome]]:
-    """Per server, per upstream test id: its outcome. Both runs at once, each on its own port.
-
-    Some upstream tests sample (temperature 0.8, seed 42, several slots in one batch, whose float sums differ with
-    the batch's make-up) and assert a length, which an end-of-generation token sampled early breaks on either server
-    (``test_completion_unified``: 88 tokens of 90). So a regression runs twice more on the slot server, alone, and
-    counts as passed only if it passes both times: a failure that repeats still fails; the table marks a rerun."""
+    """Per server, per upstream test id: its outcome. Both runs at once, each on its own port."""
     upstream.server_binary()  # built once, before the clock of any upstream test starts
     known = slot_server_flags()
     assert {"--port", "--ctx-size", "--parallel", "--n-predict", "--batch-size"} <= known, f"--help's layout changed? {known}"
@@ -272,14 +280,6 @@ def results(tmp_path_factory) -> dict[str, dict[str, Outcome]]:
         folder = tmp_path_factory.mktemp(server)
         runs[server] = (folder, start_run(folder, server, port, known))
     outcomes = outcomes_of(runs)
-    again = tuple(regressions(outcomes))
-    for _ in range(2):  # one rerun after the other, on the slot server's port
-        if again:
-            folder = tmp_path_factory.mktemp("slots-rerun")
-            rerun = outcomes_of({"slots": (folder, start_run(folder, "slots", ports[1], known, again))})["slots"]
-            again = tuple(i for i in again if i in rerun and rerun[i].passed)
-    for i in again:  # failed once, then passed twice alone
-        outcomes["slots"][i] = Outcome(True, "passed (rerun)", outcomes["slots"][i].details)
     print("\n" + table(outcomes))
     return outcomes
 
@@ -302,3 +302,23 @@ def test_the_slot_server_passes_what_llama_server_passes(results):
 def test_intended_differences_are_still_true(results, test_id):
     assert results["llama-server"][test_id].passed, f"{test_id} no longer passes on llama-server"
     assert not results["slots"][test_id].passed, f"{test_id} now passes on the slot server: drop it from INTENDED"
+
+
+def test_the_shim_adds_a_tests_own_flags(tmp_path):
+    """Model-free: the shim, given the argv of upstream's ``ServerProcess.start``, drops the model flags and the
+    flags the slot server lacks, and adds ``FLAGS_FOR``'s flags for the test named by ``PYTEST_CURRENT_TEST`` only."""
+    write_run(tmp_path, "slots", {"--port", "--ctx-size", "--ignore-eos"})
+    shim = tmp_path / "server-shim"
+    slot_server = ", ".join(map(repr, [sys.executable, "-m", "llmkit", "serve", "slots"]))
+    assert slot_server in shim.read_text()
+    shim.write_text(shim.read_text().replace(slot_server, repr("/bin/echo")))  # prints the argv it would exec
+    argv = ["--port", "8080", "--hf-repo", "x/y", "--jinja", "--ctx-size", "256"]
+    test_id = next(iter(FLAGS_FOR))
+
+    def run(current: str) -> list[str]:
+        env = {**os.environ, "PYTEST_CURRENT_TEST": current}
+        return subprocess.run([str(shim), *argv], env=env, capture_output=True, text=True, check=True, timeout=30).stdout.split()[-9:]
+
+    base = ["-m", str(models.default_model_path()), "-t", "1", "--port", "8080", "--ctx-size", "256"]
+    assert run(f"{test_id}[256-4-n_predict_vals3-expected_success3] (call)") == base[-8:] + list(FLAGS_FOR[test_id])
+    assert run("unit/test_completion.py::test_completion_stream (call)")[-8:] == base[-8:]

@@ -210,11 +210,16 @@ def request_params(body: GenerationRequest, defaults: RequestParams, model: Mode
     the tool-call grammar when a call may come, else its ``response_format``, ``json_schema`` or ``grammar``."""
     constraint = constraint_of(body)
     calls = calling.grammar() if calling is not None else None
+    ignore_eos = body.ignore_eos if "ignore_eos" in body.model_fields_set else defaults.sampling.ignore_eos  # or --ignore-eos
+    if ignore_eos and constraint is not None:
+        raise ValueError(
+            "'ignore_eos' cannot be used with a grammar or a schema: once the output is complete, the end is the only token left"
+        )
     if calls is None:
         return params_from_body(body, defaults, None if constraint is None else grammar.compile(constraint, model))
     if constraint is not None:
         raise ValueError("Cannot use custom grammar constraints with tools.")  # llama-server's words (it checks 'grammar' only)
-    if body.ignore_eos:
+    if ignore_eos:
         raise ValueError("'ignore_eos' cannot be used with tools: after a call, the end is the only token left")
     text, trigger = calls
     if trigger is not None:

@@ -288,7 +288,7 @@ def constraint_of(body: GenerationRequest) -> Constraint | None:
     As llama-server (server-common.cpp, server-schema.cpp): a JSON ``response_format``
     or the top-level ``json_schema`` gives a schema, ``grammar`` GBNF as it is. An empty
     schema means any JSON object; an empty ``grammar`` counts as absent. Two constraints
-    at once, or one with ``ignore_eos``, are a ValueError (a 400). Only resolved here:
+    at once are a ValueError (a 400). Only resolved here:
     ``grammar.compile`` converts and checks it.
     """
     schema, field, strict = body.json_schema, "json_schema", False
@@ -315,10 +315,6 @@ def constraint_of(body: GenerationRequest) -> Constraint | None:
             strict = fmt.json_schema.strict
     if schema is None and gbnf is None:
         return None
-    if body.ignore_eos:
-        raise ValueError(
-            "'ignore_eos' cannot be used with a grammar or a schema: once the output is complete, the end is the only token left"
-        )
     return Gbnf(gbnf) if gbnf is not None else Schema(schema, strict, field)  # type: ignore[arg-type]  # one of them is set
 
 
