@@ -4,6 +4,8 @@ The same mechanisms run on the real model in test_engine.py and test_caching.py.
 
 from __future__ import annotations
 
+import logging
+
 from llmkit.engine.prompt_cache import MIB, PromptCache
 from llmkit.engine.request import Request, RequestParams
 from llmkit.engine.scheduler import (
@@ -147,7 +149,8 @@ class FakeContext:
         return True
 
 
-def test_save_skips_what_it_holds_drops_what_the_new_entry_contains_and_evicts_the_oldest():
+def test_save_skips_what_it_holds_drops_what_the_new_entry_contains_and_evicts_the_oldest(caplog):
+    caplog.set_level(logging.INFO, logger="llmkit.engine.prompt_cache")
     cache, ctx = PromptCache(limit_mib=3, limit_tokens=0), FakeContext({0: MIB})
     assert cache.save(ctx, 0, PROMPT[:50])
     assert not cache.save(ctx, 0, PROMPT[:40])  # a prefix of an entry: already held
@@ -157,6 +160,7 @@ def test_save_skips_what_it_holds_drops_what_the_new_entry_contains_and_evicts_t
         cache.save(ctx, 0, list(range(start, start + 10)))
     assert cache.size <= 3 * MIB and len(cache.entries) == 3 and cache.evictions == 1
     assert cache.entries[0].tokens[0] == 200  # PROMPT, the oldest, went first
+    assert [r.getMessage() for r in caplog.records] == ["prompt cache: removing oldest entry (size = 1.000 MiB)"]  # as llama-server's log
 
 
 def test_load_takes_an_entry_only_if_it_serves_the_prompt_better_and_keeps_a_quarter_of_itself():

@@ -15,12 +15,14 @@ as llama-server's ``std::list`` of states.
 
 from __future__ import annotations
 
+import logging
 import mmap
 from dataclasses import dataclass
 
 from llmkit.engine.slot import common_prefix
 from llmkit.llama import Context
 
+log = logging.getLogger(__name__)
 MIB = 1024 * 1024
 MIN_KEEP = 0.25  # server_prompt_cache::load: "don't trash large prompts" (an entry must keep a quarter of itself)
 
@@ -104,8 +106,11 @@ class PromptCache:
             self._evict_oldest()
 
     def _evict_oldest(self) -> None:
-        self.entries.pop(0)
+        """Drop the oldest entry, and say so in the server's log in llama-server's words (a warning there; info here, so
+        that a notebook's in-process engine prints nothing)."""
+        oldest = self.entries.pop(0)
         self.evictions += 1
+        log.info("prompt cache: removing oldest entry (size = %.3f MiB)", oldest.size / MIB)
 
     def to_dict(self) -> dict:
         """State for ``/slots``, ``/props`` and ``/metrics``."""
