@@ -1,4 +1,4 @@
-"""Exercises that answer back: every exercise of chapters 1-9 checks the learner's own answer or code.
+"""Exercises that answer back: every exercise of chapters 1-10 checks the learner's own answer or code.
 
 At the top of a chapter's exercise section::
 
@@ -27,7 +27,7 @@ The parts:
     lab        the model, servers and measurements the checks share, started once
     done       which exercises are done: the per-user file, the widget (``progress()``), ``llmkit exercises``
     classroom  a student edition of the notebooks, and a class's notebooks graded (``llmkit exercises student|grade``)
-    ch01 ... ch09   each chapter's checks
+    ch01 ... ch10   each chapter's checks
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """vllm-router's policies, as the model routes: each keeps the rule of the router's own code (vllm-router 0.1.17,
-``src/policies/``, read in ``/work/notes/router.md``), and only that.
+``src/policies/``), and only that.
 
 - ``round_robin`` (``round_robin.rs``): a counter modulo the replicas.
 - ``power_of_two`` (``power_of_two.rs``): two distinct replicas at random, the one with fewer requests in flight
