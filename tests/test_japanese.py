@@ -188,3 +188,56 @@ def test_labels_the_prose_names_are_the_labels_printed(path):
         if missing := [f"**{span}** -> **{labels[span]}**" for span in named if f"**{labels[span]}**" not in ja.source]:
             found[i] = missing
     assert not found, f"labels the prose names as the output does not print them, by cell: {found}"
+
+
+# Latin letters written against Japanese ("ツールとMCP サーバー"): a half-width space goes between them, as between a
+# number and Japanese, except inside the glossary's own compounds (KVキャッシュ, OpenAI互換) and around "・".
+GLUED_LATIN = re.compile(rf"[A-Za-z](?={JA_CHAR})|(?<={JA_CHAR})[A-Za-z]")
+# Half-width brackets around Japanese text in a label: Japanese labels use the full-width pair (U+FF08, U+FF09).
+HALF_WIDTH_BRACKETS = re.compile(rf"\([^()]*{JA_CHAR}[^()]*\)")
+
+
+def glued_latin(text: str, terms: list[dict]) -> list[str]:
+    """Latin letters touching a Japanese character, outside the glossary's chosen terms, with what surrounds them."""
+    for term in terms:
+        text = text.replace(term["ja"], " ")
+    text = text.replace("・", " ")
+    return [text[max(0, m.start() - 6) : m.end() + 6] for m in GLUED_LATIN.finditer(text)]
+
+
+@pytest.mark.parametrize("path", JAPANESE + CATALOGS, ids=lambda p: p.name)
+def test_latin_letters_are_spaced_from_japanese(path):
+    terms = load_glossary()
+    found = {where: hits for where, text in japanese_texts(path).items() if (hits := glued_latin(text, terms))}
+    assert not found, f"Latin letters against Japanese (put a half-width space between), by cell or label: {found}"
+
+
+@pytest.mark.parametrize("path", CATALOGS, ids=lambda p: p.name)
+def test_labels_bracket_japanese_with_full_width_brackets(path):
+    found = {where: HALF_WIDTH_BRACKETS.findall(text) for where, text in japanese_texts(path).items() if HALF_WIDTH_BRACKETS.search(text)}
+    assert not found, f"half-width brackets around Japanese (a Japanese label uses U+FF08 and U+FF09), by label: {found}"
+
+
+def printed(cell) -> str:
+    """The text a code cell printed, as a reader sees it (streams and the plain or HTML form of its results)."""
+    parts = []
+    for output in cell.get("outputs", []):
+        if output.output_type == "stream":
+            parts.append(output.text)
+        else:
+            parts += [output.get("data", {}).get(kind, "") for kind in ("text/plain", "text/html")]
+    return "".join("".join(part) for part in parts)
+
+
+@pytest.mark.parametrize("path", JAPANESE, ids=lambda p: p.name)
+def test_no_rejected_glossary_variant_in_what_the_cells_printed(path):
+    """The committed outputs: a label changed in a catalog reaches them only when the chapter is executed again."""
+    terms = load_glossary()
+    cells = nbformat.read(path, 4).cells
+    found = {
+        i: hits
+        for i, cell in enumerate(cells)
+        if cell.cell_type == "code"
+        if (hits := sorted({v for t in terms for v in rejected_found(printed(cell), t)}))
+    }
+    assert not found, f"rejected renderings in the committed outputs (execute the chapter again), by cell: {found}"
