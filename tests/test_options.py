@@ -119,3 +119,12 @@ def test_one_serializer_writes_llama_servers_keys_in_its_order_then_every_other_
     assert fields <= set(settings), "every field is written"
     assert settings["seed"] == 0xFFFFFFFF and settings["n_predict"] == settings["max_tokens"] == 4 and settings["stop"] == ["a"]
     assert settings["grammar"] == ""  # no grammar: llama-server's empty string
+
+
+def test_a_top_k_below_one_is_accepted_and_means_no_top_k():
+    """llama-server reads any top_k and llama.cpp skips the sampler below 1; clients of vLLM and SGLang's router (its
+    Responses route) send -1 for "off". A 400 here would refuse them where llama-server answers."""
+    body = GENERATION_BODIES[ChatCompletionRequest] | {"top_k": -1}
+    assert params_from_body(ChatCompletionRequest.model_validate(body), RequestParams()).sampling.top_k == -1
+    responses_body = responses.ResponsesRequest.model_validate({"input": "Hi", "top_k": -1})
+    assert responses_body.top_k == -1

@@ -113,7 +113,7 @@ class GenerationRequest(ApiModel):
     response_format: ResponseFormat | None = None
     # llama-server's extras
     n_predict: NPredict | None = None
-    top_k: Annotated[int, Field(ge=0)] | None = None
+    top_k: int | None = None  # 0 or less: no top-k sampler (llama.cpp's rule; vLLM's clients and SGLang's router send -1)
     min_p: Probability | None = None
     repeat_penalty: Annotated[float, Field(ge=0)] | None = None
     repeat_last_n: Annotated[int, Field(ge=0)] | None = None
