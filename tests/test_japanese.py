@@ -72,6 +72,11 @@ def rejected_found(text: str, term: dict) -> list[str]:
     return found
 
 
+def rejected_in(text: str, terms: list[dict]) -> list[str]:
+    """Every rejected variant of every glossary term found in ``text``, each with the term to use instead."""
+    return sorted({f"{v} (use {t['ja']})" for t in terms for v in rejected_found(text, t)})
+
+
 def unspaced_numbers(text: str) -> list[str]:
     """Each number in ``text`` written against the glossary's rule for numerals, with a few characters around it."""
     return [text[max(0, m.start() - 6) : m.end() + 6] for m in UNSPACED_NUMBER.finditer(text)]
@@ -128,11 +133,7 @@ def test_there_are_catalogs():
 @pytest.mark.parametrize("path", JAPANESE + CATALOGS, ids=lambda p: p.name)
 def test_no_rejected_glossary_variant(path):
     terms = load_glossary()
-    found = {}
-    for where, text in japanese_texts(path).items():
-        hits = sorted({f"{v} (use {t['ja']})" for t in terms for v in rejected_found(text, t)})
-        if hits:
-            found[where] = hits
+    found = {where: hits for where, text in japanese_texts(path).items() if (hits := rejected_in(text, terms))}
     assert not found, f"rejected renderings (notebooks/ja/glossary.toml), by cell or label: {found}"
 
 
@@ -234,10 +235,5 @@ def test_no_rejected_glossary_variant_in_what_the_cells_printed(path):
     """The committed outputs: a label changed in a catalog reaches them only when the chapter is executed again."""
     terms = load_glossary()
     cells = nbformat.read(path, 4).cells
-    found = {
-        i: hits
-        for i, cell in enumerate(cells)
-        if cell.cell_type == "code"
-        if (hits := sorted({v for t in terms for v in rejected_found(printed(cell), t)}))
-    }
+    found = {i: hits for i, cell in enumerate(cells) if cell.cell_type == "code" if (hits := rejected_in(printed(cell), terms))}
     assert not found, f"rejected renderings in the committed outputs (execute the chapter again), by cell: {found}"
