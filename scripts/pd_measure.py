@@ -8,7 +8,7 @@ prompts arrive (issue 29, item 4).
 
 1. The transfer, on the PD pair: a long prompt prefilled on P with ``kv_transfer_params`` (as the router sends it),
    then ``GET /kv_handoff/{id}`` timed from here: bytes per prompt token, ms, MB/s (loopback: one machine).
-2. The gaps: a stream of ``--tokens`` tokens runs; after its 10th token, ``--n-long`` long prompts (distinct, each
+2. The gaps: a stream runs (at most ``--tokens`` tokens); after its 10th token, ``--n-long`` long prompts (distinct, each
    ``max_tokens`` 4) arrive ``--spacing`` s apart. The stream's inter-token gaps from the first long prompt's
    arrival to the last one's first token (p50, p99, max), and the long prompts' TTFT, for each setup:
    ``co-located`` (one server, ``-t 2``) and ``pd`` (the router in front of P and D, ``-t 1`` each).
@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import random
 import statistics
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import httpx
 
@@ -41,7 +41,7 @@ def long_prompt(seed: int, n_words: int) -> list[dict]:
     return [{"role": "user", "content": f"Notes {seed}: {text}. Summarize the notes in one sentence."}]
 
 
-@contextmanager
+@contextlib.contextmanager
 def colocated(threads: int) -> Iterator[str]:
     server = launch.start("slots", "-t", str(threads), *SERVER_FLAGS)
     try:
@@ -50,7 +50,7 @@ def colocated(threads: int) -> Iterator[str]:
         server.stop()
 
 
-@contextmanager
+@contextlib.contextmanager
 def disaggregated() -> Iterator[tuple[str, str]]:
     """The router's URL and the prefill worker's."""
     with fleet.start(2, "slots", "round_robin", flags=SERVER_FLAGS, pd=True) as f:
@@ -71,18 +71,19 @@ def transfer(prefill_url: str, n_words: int, seed: int) -> dict:
 
 
 async def under_long_prompts(url: str, args: argparse.Namespace, seed: int) -> dict:
-    """The stream's gaps while the long prompts arrive, and their TTFTs."""
+    """The stream's gaps while the long prompts arrive, and their TTFTs. The stream runs until the last long prompt has
+    its first token (it is cut then), so its gaps cover the whole window however fast it decodes."""
     stream_body = {"model": "m", "messages": [{"role": "user", "content": "Tell me a long story about a lighthouse."}],
                    "max_tokens": args.tokens, "ignore_eos": True, "temperature": 0, "stream": True}  # fmt: skip
-    started, seen = asyncio.Event(), []
+    started, arrivals = asyncio.Event(), []
 
     def on_piece(piece: str) -> None:
-        seen.append(piece)
-        if len(seen) >= 10:
+        arrivals.append(time.perf_counter())
+        if len(arrivals) >= 10:
             started.set()
 
     async with httpx.AsyncClient(timeout=900) as client:
-        running_task = asyncio.create_task(astream(client, f"{url}/v1/chat/completions", stream_body, chat_piece, on_piece=on_piece))
+        running = asyncio.create_task(astream(client, f"{url}/v1/chat/completions", stream_body, chat_piece, on_piece=on_piece))
         long_results = []
         await started.wait()
         t_first_long = time.perf_counter()
@@ -91,9 +92,11 @@ async def under_long_prompts(url: str, args: argparse.Namespace, seed: int) -> d
             long_results.append(asyncio.create_task(astream(client, f"{url}/v1/chat/completions", body, chat_piece)))
             await asyncio.sleep(args.spacing)
         longs = await asyncio.gather(*long_results)
-        stream = await running_task
+        running.cancel()  # the stream was there to be measured meanwhile: the client leaves, the server frees its slot
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+    assert all(r.status == 200 and r.error is None for r in longs), [(r.status, r.error) for r in longs]
     t_end = max(r.t_sent + r.ttft for r in longs)
-    arrivals = [stream.t_sent + t for t in stream.times]
     gaps = [(b - a) * 1e3 for a, b in itertools.pairwise(arrivals) if b >= t_first_long and a <= t_end]
     return {"gap_p50": statistics.median(gaps), "gap_p99": quantile(gaps, 0.99), "gap_max": max(gaps),
             "ttft": statistics.median(r.ttft for r in longs) * 1e3, "n_gaps": len(gaps)}  # fmt: skip
@@ -110,7 +113,7 @@ def main() -> None:
     parser.add_argument("--words", type=int, default=1500, help="words of each long prompt (about one token each)")
     parser.add_argument("--n-long", type=int, default=3)
     parser.add_argument("--spacing", type=float, default=0.5)
-    parser.add_argument("--tokens", type=int, default=200, help="the running stream's length")
+    parser.add_argument("--tokens", type=int, default=2000, help="the running stream's longest length (cut once the long prompts answer)")
     parser.add_argument("--colocated-threads", type=int, nargs="+", default=[2], help="-t of the co-located server (several: a row each)")
     args = parser.parse_args()
     rows: dict[str, list[dict]] = {f"co-located -t {t}": [] for t in args.colocated_threads} | {"pd (-t 1 + -t 1)": []}
