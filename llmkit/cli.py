@@ -169,6 +169,11 @@ def add_kv_cache_flags(slots: argparse.ArgumentParser) -> None:
         "policy (vLLM's format; GET /kv_event_sources says where; no value: a free port on --host)",
     )  # fmt: skip
     slots.add_argument("--kv-block-size", type=int, default=16, metavar="N", help="tokens per block of the KV events (default 16)")
+    slots.add_argument(
+        "--pd-peers", nargs="+", default=[], metavar="URL",
+        help="llmkit's own: the prefill workers (http://HOST:PORT) this decode worker takes KV cells from in vllm-router's "
+        "PD mode; a request naming any other is a 400 (default: none)",
+    )  # fmt: skip
 
 
 def add_speculative_flags(slots: argparse.ArgumentParser) -> None:
@@ -355,6 +360,7 @@ def serve_slots(args: argparse.Namespace) -> int:
 
     from llmkit.engine import Engine, RequestParams
     from llmkit.server import Settings, create_app
+    from llmkit.server.handoff import peer
     from llmkit.server.kv_publisher import endpoint_of
 
     path = models.resolve_model(args.model)  # a bad path fails here, before the server starts
@@ -362,6 +368,7 @@ def serve_slots(args: argparse.Namespace) -> int:
     try:
         config.resolved()  # the engine's own check, before the server starts
         kv_events = None if args.kv_events is None else endpoint_of(args.kv_events, args.host)
+        pd_peers = frozenset(map(peer, args.pd_peers))
     except ValueError as exc:
         print(f"llmkit: error: {exc}", file=sys.stderr)
         return 2
@@ -378,6 +385,7 @@ def serve_slots(args: argparse.Namespace) -> int:
     settings = Settings(
         alias=args.alias, api_key=args.api_key, defaults=defaults, metrics=args.metrics, slots=args.slots,
         max_body_size=args.max_body_size, n_threads=args.threads, sse_ping_interval=args.sse_ping_interval, kv_events=kv_events,
+        pd_peers=pd_peers,
     )  # fmt: skip
     app = create_app(load, settings)  # /health answers 503 until load() returns
     # access_log=False: the app logs one line per request itself, with token counts. http="h11": it writes a header's

@@ -1,6 +1,6 @@
 """Run the notebook suite beside a CPU hog and report the wall time: every notebook must hold on a busy machine too.
 
-    python scripts/test_busy.py                                    # notebooks/en and notebooks/ja, as `make test` runs them
+    python scripts/test_busy.py                                    # notebooks/en and notebooks/ja, both editions (make test-editions)
     python scripts/test_busy.py notebooks/en/00_start_here.ipynb   # one notebook
     python scripts/test_busy.py --cores 2 -x                       # two busy cores; anything else goes to pytest
     make test-busy [PYTEST_ARGS=...]

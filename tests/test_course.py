@@ -134,8 +134,8 @@ def test_the_exercises_speak_through_tr():
 
 
 def fields(text: str) -> list[str]:
-    """The ``{placeholders}`` of a format string, with their format specs."""
-    return sorted(f"{name}:{spec}" for _, name, spec, _ in string.Formatter().parse(text) if name is not None)
+    """The ``{placeholders}`` of a format string, with their conversions and format specs."""
+    return sorted(f"{name}!{conversion}:{spec}" for _, name, spec, conversion in string.Formatter().parse(text) if name is not None)
 
 
 def test_japanese_entries_are_japanese_and_keep_the_placeholders():

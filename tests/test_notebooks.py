@@ -1,6 +1,7 @@
 """The notebooks as files: Japanese mirrors English, outputs are committed, nothing errored.
 
-(Executing them is nbval's job: `make test` runs notebooks/ with --nbval-lax.)
+(Executing them is nbval's job: `make test` runs each chapter once, in one edition, with --nbval-lax; `make test-editions`
+runs both.)
 """
 
 from __future__ import annotations

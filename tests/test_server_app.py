@@ -9,7 +9,9 @@ its own; no model is loaded.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +24,7 @@ import uvicorn
 from llmkit.course import launch
 from llmkit.engine import Counters, End, EngineConfig, EngineError, EngineStatus, Outcome, Piece, Request, SlotStatus
 from llmkit.server import Settings, create_app
+from llmkit.server.handoff import tokens_sha256
 from llmkit.server.state import ServingEngine
 from llmkit.timings import Timings
 
@@ -360,3 +363,124 @@ def test_priority_and_the_tenant_reach_the_engine_from_every_dialect(path):
     assert r.status_code == 200, r.text
     (params,) = seen
     assert (params.priority, params.tenant, params.stream) == (-3, "team-a", True)
+
+
+# --- the event loop never waits for the engine ----------------------------------------------------------------------
+
+
+class SlowStepEngine(FakeEngine):
+    """``status()`` takes ``step`` seconds, as ``Engine.status`` does while the engine's thread reads a long prompt."""
+
+    def __init__(self, step: float, script: Callable[[Request], None]):
+        super().__init__(script)
+        self.step, self.asked = step, 0
+
+    def status(self) -> EngineStatus:
+        self.asked += 1
+        time.sleep(self.step)
+        return super().status()
+
+
+def test_a_scrape_during_a_long_step_delays_no_stream_and_no_health_check():
+    def script(r: Request) -> None:  # a piece every 50 ms for 2.5 s
+        def run() -> None:
+            for _ in range(50):
+                time.sleep(0.05)
+                r.emit(Piece("x", [1]))
+            ends(r, End.EOS)
+
+        threading.Thread(target=run, daemon=True).start()
+
+    engine = SlowStepEngine(1.5, script)
+    with launch.serve_app(create_app(lambda: engine, Settings(alias="fake", metrics=True))) as url:
+        engine.asked = 0
+        arrivals: list[float] = []
+
+        def stream() -> None:
+            with httpx.stream("POST", url + "/v1/chat/completions", json=CHAT, timeout=30) as r:
+                arrivals.extend(time.perf_counter() for _ in r.iter_lines() if _.startswith("data: "))
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        time.sleep(0.3)
+        scrapes = [threading.Thread(target=lambda p=p: httpx.get(url + p, timeout=30)) for p in ("/metrics", "/slots", "/props")]
+        for s in scrapes:
+            s.start()
+        health = []
+        while any(s.is_alive() for s in scrapes):
+            t = time.perf_counter()
+            assert httpx.get(url + "/health", timeout=5).status_code == 200
+            health.append(time.perf_counter() - t)
+            time.sleep(0.05)
+        reader.join(30)
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+    assert len(health) >= 10 and max(health) < 0.1, health  # polled all through the scrapes' 1.5 s wait
+    assert len(arrivals) >= 50 and max(gaps) < 0.5, max(gaps)  # 50 ms apart: a stalled loop would hold them 1.5 s
+    assert engine.asked == 1  # three scrapes during one step share one wait for its end
+
+
+# --- a decode worker fetches KV cells from its prefill peers only ------------------------------------------------------
+
+
+class Listener:
+    """A socket that must see no connection (or, the control, does): counts what connects, closes it at once."""
+
+    def __init__(self, host: str = launch.HOST):
+        self.socket = socket.create_server((host, 0))
+        self.socket.settimeout(0.2)
+        self.host, self.port = host, self.socket.getsockname()[1]
+        self.connections = 0
+        self.open = True
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self) -> None:
+        while self.open:
+            with contextlib.suppress(TimeoutError, OSError):
+                conn, _ = self.socket.accept()
+                self.connections += 1
+                conn.close()
+
+    def close(self) -> None:
+        self.open = False
+        self.thread.join(2)
+        self.socket.close()
+
+
+def handed(host: str, port: object, key: object = "kv-1-0") -> dict:
+    """A chat body as vllm-router sends it to a decode worker, naming where its cells are."""
+    params = {"do_remote_prefill": True, "remote_host": host, "remote_port": port, "remote_block_ids": [key],
+              "first_tokens": [1], "tokens_sha256": tokens_sha256([1, 2, 3])}  # fmt: skip
+    return {**CHAT, "stream": False, "kv_transfer_params": params}
+
+
+def test_a_decode_worker_refuses_kv_cells_from_anywhere_but_its_peers_and_connects_nowhere(caplog):
+    peer, other_port, other_host = Listener(), Listener(), Listener("127.0.0.2")
+    gone = launch.free_port()
+    settings = Settings(alias="fake", pd_peers=frozenset({(peer.host, peer.port), (launch.HOST, gone)}))
+    hostile = {
+        "another port": handed(launch.HOST, other_port.port),
+        "another host": handed(other_host.host, other_host.port),
+        "a path in the key": handed(peer.host, peer.port, "kv-1-0/../../v1/models?x="),
+        "a key of another shape": handed(peer.host, peer.port, "../slots"),
+        "a port as text": handed(peer.host, str(peer.port)),
+        "no address": {**CHAT, "stream": False, "kv_transfer_params": {"do_remote_prefill": True}},
+    }
+    try:
+        with launch.serve_app(create_app(FakeEngine(), settings)) as url:
+            answers = {name: httpx.post(url + "/v1/chat/completions", json=body, timeout=10) for name, body in hostile.items()}
+            names_the_peers = httpx.post(url + "/v1/chat/completions", json=handed(launch.HOST, 1), timeout=10)
+            with caplog.at_level("WARNING", logger="llmkit.server"):
+                from_a_gone_peer = httpx.post(url + "/v1/chat/completions", json=handed(launch.HOST, gone), timeout=10)
+            assert other_port.connections == other_host.connections == peer.connections == 0  # nothing connected ...
+            control = httpx.post(url + "/v1/chat/completions", json=handed(peer.host, peer.port), timeout=10)
+            assert wait_until(lambda: peer.connections == 1, 5)  # ... where the control, to the peer, connects
+    finally:
+        for listener in (peer, other_port, other_host):
+            listener.close()
+    for name, r in answers.items():
+        assert r.status_code == 400 and "kv_transfer_params" in r.json()["error"]["message"], (name, r.text)
+    assert names_the_peers.status_code == 400 and f"{peer.host}:{peer.port}" in names_the_peers.json()["error"]["message"]
+    # a peer that cannot give the cells: the prompt is read here, as a decode worker does when they expired
+    assert from_a_gone_peer.status_code == 200 and "no KV cells from the prefill worker" in caplog.text
+    assert control.status_code == 200

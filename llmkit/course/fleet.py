@@ -128,12 +128,16 @@ def replica_names(server: str, n: int, flags: Sequence[str]) -> list[str]:
     return [f"{model}@{i}" for i in range(n)]
 
 
-def start_replicas(server: str, n: int, flags: Sequence[str], names: list[str], timeout: float) -> list[ServerProcess]:
-    """All replicas loading at once, then each waited for; if one fails, all are stopped and it is named."""
+def start_replicas(server: str, n: int, flags: Sequence[str], names: list[str], timeout: float, pd: bool = False) -> list[ServerProcess]:
+    """All replicas loading at once, then each waited for; if one fails, all are stopped and it is named. ``pd``: each
+    decode worker is told its prefill workers (``--pd-peers``), the only servers it fetches KV cells from."""
+    ports = [launch.free_port() for _ in range(n)]
+    prefill = [f"http://{launch.HOST}:{port}" for port in ports[: prefill_count(n)]] if pd else []
     replicas: list[ServerProcess] = []
     try:
         for i in range(n):
-            replicas.append(launch.spawn(server, *REPLICA_FLAGS, *flags, "--alias", names[i], name=f"replica{i}"))
+            peers = ("--pd-peers", *prefill) if pd and i >= len(prefill) else ()
+            replicas.append(launch.spawn(server, *REPLICA_FLAGS, *flags, *peers, "--alias", names[i], port=ports[i], name=f"replica{i}"))
         for i, replica in enumerate(replicas):
             try:
                 replica.wait_ready(timeout)
@@ -145,12 +149,17 @@ def start_replicas(server: str, n: int, flags: Sequence[str], names: list[str], 
     return replicas
 
 
+def prefill_count(n: int) -> int:
+    """How many of ``n`` replicas read prompts in PD mode: the first half (at least one)."""
+    return max(1, n // 2)
+
+
 def router_workers(urls: Sequence[str], pd: bool = False) -> tuple[str, ...]:
     """The router's worker flags: every replica alike; or, disaggregated (``pd``), the first half reading prompts and the
     rest generating (vllm-router's PD mode: ``llmkit.server.handoff``)."""
     if not pd:
         return ("--worker-urls", *urls)
-    half = max(1, len(urls) // 2)
+    half = prefill_count(len(urls))
     prefill, decode = [f for u in urls[:half] for f in ("--prefill", u)], [f for u in urls[half:] for f in ("--decode", u)]
     return ("--vllm-pd-disaggregation", *prefill, *decode)
 
@@ -184,12 +193,14 @@ def start(
     ``pd=True``: disaggregated prefill and decode, the first half of the replicas reading prompts, the rest generating."""
     if server not in SERVERS or policy not in POLICIES:
         raise ValueError(f"server must be one of {SERVERS} and policy one of {POLICIES} (got {server!r}, {policy!r})")
+    if pd and server != "slots":
+        raise ValueError("pd=True needs the slot server: llama-server has no KV hand-off")
     if importlib.util.find_spec("vllm_router") is None:
         raise FleetError("the router is not installed: pip install 'llmkit[lab]' (vllm-router has a wheel for Linux x86-64 only)")
     if port is not None:
         launch.check_free(port)  # before the replicas load: a taken port is named at once
     names = replica_names(server, replicas, flags)
-    running = start_replicas(server, replicas, flags, names, timeout)
+    running = start_replicas(server, replicas, flags, names, timeout, pd)
     try:
         router = start_router(policy, [r.url for r in running], router_flags, port, timeout, pd)
         fleet = Fleet(server, policy, router, running, names)

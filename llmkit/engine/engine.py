@@ -161,8 +161,10 @@ class Engine:
         """The engine at the end of a turn of its loop: slots, queue, counters and prompt cache, as values.
 
         While the engine's thread runs, the reader asks, and the thread publishes a snapshot at the end of its
-        current turn (at once if it has nothing to do): one step's state, never a step half done (llama-server
-        answers /slots and /metrics from its loop too). With no thread (stepped by hand, or closed) it is taken now.
+        current turn (at once if it has nothing to do): one step's state, never a step half done. So it waits up to
+        a step: never call it on an event loop (the server waits in a worker thread, ``ServerState.status``, as
+        llama-server's HTTP threads wait for its METRICS task). With no thread (stepped by hand, or closed) it is
+        taken now.
         """
         thread = self._thread
         with self._lock:

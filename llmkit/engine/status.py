@@ -1,9 +1,10 @@
 """What the engine tells about itself: totals, steps, and a frozen snapshot of its state.
 
 ``Engine.status()`` returns an ``EngineStatus``: values, not live objects, taken by the engine's own
-thread at the end of a turn of its loop (llama-server answers ``/slots`` and ``/metrics`` from its loop
-too), so the server's ``/slots``, ``/metrics`` and ``/props`` and a notebook's picture read one step's
-state, never a step half done.
+thread at the end of a turn of its loop, so the server's ``/slots``, ``/metrics`` and ``/props`` and a
+notebook's picture read one step's state, never a step half done. (llama-server reads the same state on
+its queue's worker thread while the loop decodes; its readers wait in their HTTP threads, as the server's
+routes here wait in a worker thread, off the event loop.)
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ async def generate(
 ) -> Any:
     """Submit the prompt; answer with the whole completion, or stream it. In a disaggregated pair (``handoff``), a
     decode worker starts from its prefill worker's KV cells, and a prefill worker's answer says where they are."""
-    kv = await handoff.fetch(body, prompt)
+    kv = await handoff.fetch(body, prompt, state.settings.pd_peers)
     request = await submit(http_request, state, body, prompt, calling, kv)
     answered = await answer(http_request, state, body, [request], [fmt], calling)
     return handoff.offer(state, http_request, prompt, request, answered) if handoff.hands_off(body) else answered

@@ -19,9 +19,12 @@ what each worker does here:
    they are this prompt's (``tokens_sha256``), and starts the request from them (``Engine.submit(kv=)``): P's first
    token is the answer's first, and D decodes from there. So the text is the one a single server gives.
 
-A decode worker that cannot get the cells (expired, P gone, another KV layout) reads the prompt itself: the answer is
-the same, later; a warning in its log says why. Both workers must run the same model with the same KV layout
-(``-np``, ``-kvu``): llama.cpp refuses cells of another layout, and D then reads the prompt.
+D connects only to the prefill workers it was told of (``--pd-peers``; ``llmkit fleet`` passes them): the address is
+in the request's body, which any client of D can write, so a body naming another host or port, or an id that is not
+one P makes, is a 400 and no connection is made. A decode worker that cannot get the cells from its peer (expired, P
+gone, another KV layout) reads the prompt itself: the answer is the same, later; a warning in its log says why. Both
+workers must run the same model with the same KV layout (``-np``, ``-kvu``): llama.cpp refuses cells of another
+layout, and D then reads the prompt.
 """
 
 from __future__ import annotations
@@ -29,9 +32,13 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import re
 import struct
+import threading
 import time
+from collections.abc import Collection
 from typing import Any
+from urllib.parse import quote, urlsplit
 
 import httpx
 from fastapi import APIRouter, Request
@@ -48,6 +55,7 @@ router = APIRouter()
 TTL = 60.0  # seconds a prefill worker keeps cells for their decode worker
 MAX_BYTES = 1 << 30  # cells kept at most at once, in bytes (the oldest go first): SmolLM2-135M's are 23 KB a token
 FETCH_TIMEOUT = 30.0
+KEY = re.compile(r"kv-\d+-\d+")  # the ids ``Handoffs.put`` makes: nothing else is fetched
 
 
 def tokens_sha256(tokens: list[int]) -> str:
@@ -57,27 +65,31 @@ def tokens_sha256(tokens: list[int]) -> str:
 
 class Handoffs:
     """A prefill worker's cells waiting for their decode worker, by id: each taken once, or dropped after ``ttl``
-    seconds, or when newer ones need the room (``max_bytes``)."""
+    seconds, or when newer ones need the room (``max_bytes``). Safe across threads: answers are offered on the event
+    loop and taken in the thread pool."""
 
     def __init__(self, ttl: float = TTL, max_bytes: int = MAX_BYTES):
         self.ttl, self.max_bytes = ttl, max_bytes
         self.kept: dict[str, tuple[KVState, float]] = {}  # oldest first
         self.ids = itertools.count(1)
+        self._lock = threading.Lock()
 
     def put(self, kv: KVState) -> str:
-        self.expire()
-        while self.kept and sum(len(k.cells) for k, _ in self.kept.values()) + len(kv.cells) > self.max_bytes:
-            del self.kept[next(iter(self.kept))]
-        key = f"kv-{next(self.ids)}-{time.time_ns()}"
-        self.kept[key] = (kv, time.monotonic() + self.ttl)
-        return key
+        with self._lock:
+            self._expire()
+            while self.kept and sum(len(k.cells) for k, _ in self.kept.values()) + len(kv.cells) > self.max_bytes:
+                del self.kept[next(iter(self.kept))]
+            key = f"kv-{next(self.ids)}-{time.time_ns()}"
+            self.kept[key] = (kv, time.monotonic() + self.ttl)
+            return key
 
     def take(self, key: str) -> KVState | None:
-        self.expire()
-        kept = self.kept.pop(key, None)
-        return kept[0] if kept is not None else None
+        with self._lock:
+            self._expire()
+            kept = self.kept.pop(key, None)
+            return kept[0] if kept is not None else None
 
-    def expire(self) -> None:
+    def _expire(self) -> None:
         now = time.monotonic()
         for key in [key for key, (_, deadline) in self.kept.items() if deadline < now]:
             del self.kept[key]
@@ -110,19 +122,40 @@ def offer(state: ServerState, http_request: Request, prompt: list[int], request:
     return answer | {"kv_transfer_params": params}
 
 
-async def fetch(body: Any, prompt: list[int]) -> KVState | None:
+def peer(url: str) -> tuple[str, int]:
+    """A prefill worker's ``(host, port)`` from its URL (``--pd-peers http://127.0.0.1:8081``)."""
+    parts = urlsplit(url if "//" in url else f"http://{url}")
+    if parts.scheme != "http" or not parts.hostname or parts.port is None or parts.path.strip("/"):
+        raise ValueError(f"a prefill peer is http://HOST:PORT, got {url!r}")
+    return parts.hostname, parts.port
+
+
+def source(params: dict[str, Any], peers: Collection[tuple[str, int]]) -> str:
+    """The URL of the cells ``params`` names, if a peer keeps them; else a 400 that says why (no connection made)."""
+    try:
+        host, port, (key,) = params["remote_host"], params["remote_port"], params["remote_block_ids"]
+    except (KeyError, TypeError, ValueError):
+        raise ApiError(400, "kv_transfer_params needs remote_host, remote_port and one remote_block_ids entry") from None
+    if not isinstance(key, str) or not KEY.fullmatch(key):
+        raise ApiError(400, f"kv_transfer_params.remote_block_ids: {key!r} is not an id a prefill worker gives")
+    if isinstance(port, bool) or not isinstance(port, int) or (host, port) not in peers:
+        told = ", ".join(f"{h}:{p}" for h, p in sorted(peers)) or "none (start it with --pd-peers)"
+        raise ApiError(400, f"kv_transfer_params names {host!r} port {port!r}, not a prefill worker of this server's: {told}")
+    return f"http://{host}:{port}/kv_handoff/{quote(key, safe='')}"
+
+
+async def fetch(body: Any, prompt: list[int], peers: Collection[tuple[str, int]]) -> KVState | None:
     """(Decode worker.) The cells its prefill worker kept for this prompt; None (the prompt is read here) if there are
-    none to fetch, or they cannot be had: the reason is logged."""
+    none to fetch, or they cannot be had: the reason is logged. Cells from anywhere but ``peers``: a 400."""
     params = transfer_params(body)
     if not params.get("do_remote_prefill"):
         return None
+    url = source(params, peers)
     try:
-        (key,) = params["remote_block_ids"]
-        url = f"http://{params['remote_host']}:{int(params['remote_port'])}/kv_handoff/{key}"
         first = [int(t) for t in params["first_tokens"]]
         if params["tokens_sha256"] != tokens_sha256(prompt) or not first:
             raise ValueError("the cells are not this prompt's")
-        async with httpx.AsyncClient(timeout=FETCH_TIMEOUT) as client:
+        async with httpx.AsyncClient(timeout=FETCH_TIMEOUT, follow_redirects=False) as client:
             fetched = await client.get(url)
         fetched.raise_for_status()
     except (KeyError, TypeError, ValueError, httpx.HTTPError) as exc:

@@ -51,7 +51,7 @@ def model_info(state: ServerState) -> dict:
     m = engine.model
     meta = {
         "n_vocab": m.n_vocab,
-        "n_ctx": engine.status().n_ctx_slot,
+        "n_ctx": state.n_ctx_slot,
         "n_ctx_train": m.n_ctx_train,
         "n_embd": m.n_embd,
         "n_params": m.n_params(),
@@ -76,7 +76,7 @@ async def get_model(model_id: str, state: State) -> dict:
 @router.get("/props")
 async def props(state: State) -> dict:
     engine, settings = state.engine, state.settings
-    status = engine.status()
+    status = await state.status()
     return {
         "default_generation_settings": {"n_ctx": status.n_ctx_slot, "params": settings.defaults.to_dict()},
         "total_slots": len(status.slots),
@@ -97,7 +97,7 @@ async def props(state: State) -> dict:
 async def slots(state: State) -> list[dict]:
     if not state.settings.slots:
         raise ApiError(501, "This server does not support slots endpoint. Start it with `--slots`")
-    status = state.engine.status()
+    status = await state.status()
     speculative = status.config.speculative.type is not SpecType.NONE
     return [slot_json(slot, speculative) for slot in status.slots]
 
@@ -121,6 +121,7 @@ def slot_json(slot: SlotStatus, speculative: bool = False) -> dict:
 async def prometheus(state: State) -> Response:
     if not state.settings.metrics:
         raise ApiError(501, "This server does not support metrics endpoint. Start it with `--metrics`")
+    await state.status()  # the snapshot the registry renders, waited for off the event loop
     content, media_type = metrics.render(state.registry)
     # llama-server's header, its name spelled as llama-server writes it on the wire (a client may read headers
     # case-sensitively, as its own tests do): a raw header, which Starlette does not lower and uvicorn's h11 writes

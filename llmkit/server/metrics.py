@@ -1,8 +1,8 @@
 """``GET /metrics``: the engine's counters in Prometheus text, under llama-server's ``llamacpp:`` names.
 
 (~ llama-server's ``server_task_result_metrics::to_metrics`` in server-task.cpp.)
-A prometheus_client collector reads the engine's ``status()`` at scrape time, so
-the numbers are exactly the engine's totals (the sums of every finished
+A prometheus_client collector reads the engine status that the route waited for
+(``ServerState.status``, off the event loop) at scrape time, so the numbers are exactly the engine's totals (the sums of every finished
 request's ``timings``). Its own registry: nothing of the process leaks in.
 
 One difference from llama-server's hand-written text: prometheus_client names
@@ -13,15 +13,11 @@ counter ``n_tokens_max`` (a maximum, not a count) is a gauge here.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from llmkit.engine import EngineStatus
-
-if TYPE_CHECKING:  # state.py imports this module
-    from llmkit.server.state import ServingEngine
 
 PREFIX = "llamacpp:"
 
@@ -80,13 +76,15 @@ PROMPT_CACHE_COUNTERS = {  # the host-RAM prompt cache's totals (--cache-ram), a
 
 
 class EngineCollector:
-    """A prometheus_client collector over an engine (found through ``get_engine`` at each scrape)."""
+    """A prometheus_client collector over an engine's status (found through ``get_status`` at each scrape)."""
 
-    def __init__(self, get_engine: Callable[[], ServingEngine]):
-        self.get_engine = get_engine
+    def __init__(self, get_status: Callable[[], EngineStatus | None]):
+        self.get_status = get_status
 
     def collect(self) -> Iterator[Metric]:
-        status = self.get_engine().status()
+        status = self.get_status()
+        if status is None:  # no engine yet: the gate answers 503 before a scrape gets here
+            return
         totals = status.counters.snapshot()
         for name, help_text in COUNTERS.items():
             yield CounterMetricFamily(PREFIX + name, help_text, value=totals[name])
@@ -97,9 +95,9 @@ class EngineCollector:
             yield CounterMetricFamily(f"{PREFIX}prompt_cache_{name}_total", help_text, value=cache.get(name, 0))
 
 
-def registry(get_engine: Callable[[], ServingEngine]) -> CollectorRegistry:
+def registry(get_status: Callable[[], EngineStatus | None]) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(EngineCollector(get_engine))
+    reg.register(EngineCollector(get_status))
     return reg
 
 

@@ -2,13 +2,16 @@
 
 ``ServingEngine`` is the engine as the routes see it, a ``typing.Protocol``: its
 model, ``submit``, a frozen ``status()`` snapshot and ``close``; nothing else of
-the engine is reached from an HTTP thread. ``llmkit.engine.Engine`` is one, the
+the engine is reached from an HTTP thread. ``status()`` waits for the engine's step to end, so a route never
+calls it on the event loop: ``ServerState.status()`` waits in a worker thread, one wait for every reader that
+asks meanwhile (llama-server waits in its HTTP thread pool, never in the thread that serves streams). ``llmkit.engine.Engine`` is one, the
 scripted engine of tests/test_server_app.py another. ``ServerState`` is created once per app (``app.state.server``); a
 route asks for it with a ``state: State`` parameter (a FastAPI dependency).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -18,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Protocol, runtime_checkable
 import llama_cpp
 from fastapi import Depends, Request
 from prometheus_client import CollectorRegistry
+from starlette.concurrency import run_in_threadpool
 
 import llmkit
 from llmkit.engine import EngineStatus, KVState, RequestParams
@@ -49,6 +53,7 @@ class Settings:
     n_threads: int | None = None  # for the embedding context
     sse_ping_interval: int = 30  # seconds of silence before a stream gets a ping (<= 0: never), as llama-server's
     kv_events: str | None = None  # llmkit's --kv-events: the ZMQ endpoint of the engine's KV events (llmkit.server.kv_publisher)
+    pd_peers: frozenset[tuple[str, int]] = frozenset()  # llmkit's --pd-peers: the prefill workers a decode worker takes KV cells from
 
 
 @runtime_checkable
@@ -84,9 +89,26 @@ class ServerState:
     handoffs: Handoffs = field(default_factory=new_handoffs)  # a prefill worker's KV cells, kept for its decode workers
     t_start: int = field(default_factory=lambda: int(time.time()))  # when the server started, Unix seconds
     registry: CollectorRegistry = field(init=False)
+    n_ctx_slot: int = 0  # each slot's context, read once when the engine is ready (it never changes)
+    last_status: EngineStatus | None = None  # the engine's last snapshot a route waited for (what /metrics renders)
+    _asking: asyncio.Future[EngineStatus] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.registry = metrics.registry(lambda: self.engine)
+        self.registry = metrics.registry(lambda: self.last_status)
+
+    async def status(self) -> EngineStatus:
+        """The engine's status at the end of its current step, waited for off the event loop.
+
+        Readers that ask while a wait is under way share it (a burst of scrapes holds one worker thread, not one
+        each), and a reader that goes away does not cancel the others' wait."""
+        if self._asking is None:
+            self._asking = asyncio.ensure_future(run_in_threadpool(self.engine.status))
+            self._asking.add_done_callback(self._asked)
+        self.last_status = await asyncio.shield(self._asking)
+        return self.last_status
+
+    def _asked(self, _: asyncio.Future[EngineStatus]) -> None:
+        self._asking = None
 
     @property
     def engine(self) -> ServingEngine:
@@ -105,7 +127,8 @@ class ServerState:
         self.kv_publisher = kv_publisher.start(engine, self.settings.kv_events)
         self.embedder = Embedder(engine.model, n_threads=self.settings.n_threads)
         self.loaded = engine
-        status = engine.status()
+        status = self.last_status = engine.status()
+        self.n_ctx_slot = status.n_ctx_slot
         log.info("model %s ready: %d slots of %d tokens", self.model_name, len(status.slots), status.n_ctx_slot)
 
     def load(self, loader: Callable[[], ServingEngine]) -> None:
