@@ -239,6 +239,47 @@ def test_a_decode_step_hashes_only_the_block_it_completes(monkeypatch):
     assert hashed == [0, 1, 0, 0]  # the 8,192nd token completes block 2,047: one block hashed, never the context
 
 
+# --- readers: each gets every batch, and one that falls behind gets the state, never unbounded memory ----------------
+
+
+def test_every_reader_gets_every_batch_and_one_that_falls_behind_gets_what_is_held_instead():
+    w = World(n_slots=2, cache_mib=8)
+    publisher, analysis, idle = w.tracker.subscribe(), w.tracker.subscribe(), w.tracker.subscribe(max_batches=3)
+    rng, views = random.Random(7), {"publisher": RouterView(BS), "analysis": RouterView(BS), "idle": RouterView(BS)}
+    for turn in range(40):
+        slot = w.slots[turn % 2]
+        if turn % 9 == 8:
+            w.save(slot)
+        load(w, slot, [rng.randrange(50) for _ in range(rng.randrange(3, 30))])
+        w.tracker.collect(w.slots, w.cache)
+        for name, reader in (("publisher", publisher), ("analysis", analysis)):  # two readers that keep up ...
+            while (batch := reader.next_batch(timeout=0)) is not None:
+                views[name].read(encode(batch.ts, batch.events))
+        assert len(idle.batches) <= 3  # ... and one that reads nothing, kept to its bound
+    while (batch := idle.next_batch(timeout=0)) is not None:
+        views["idle"].read(encode(batch.ts, batch.events))
+    held = block_prefixes(BS, [s.cache_tokens for s in w.slots]), block_prefixes(BS, [e.tokens for e in w.cache.entries])
+    for name, view in views.items():  # every reader, behind or not, ends knowing exactly what is held
+        assert (view.prefixes(None), view.prefixes(HOST)) == held, name
+    assert publisher.n_resyncs == analysis.n_resyncs == 0 and idle.n_resyncs > 0
+    assert views["publisher"].n_events == views["analysis"].n_events > views["idle"].n_events  # neither took the other's
+
+
+def test_a_reader_that_joins_late_starts_from_what_is_held_and_one_that_leaves_gets_nothing_more():
+    w = World(n_slots=2)
+    load(w, w.slots[0], list(range(21)))
+    w.tracker.collect(w.slots, w.cache)
+    late, view = w.tracker.subscribe(), RouterView(BS)
+    batch = late.next_batch(timeout=0)
+    assert batch is not None and batch.events[0] == {"type": "AllBlocksCleared"}
+    view.read(encode(batch.ts, batch.events))
+    assert view.prefixes(None) == block_prefixes(BS, [s.cache_tokens for s in w.slots])
+    late.close()
+    load(w, w.slots[1], list(range(30, 50)))
+    w.tracker.collect(w.slots, w.cache)
+    assert late.next_batch(timeout=0) is None and not w.tracker.readers
+
+
 # --- the wire: ZMQ frames, seq, replay (loopback sockets) -----------------------------------------------------
 
 
@@ -256,6 +297,9 @@ class HandFed:
             return self.queue.pop(0)
         time.sleep(timeout or 0)
         return None
+
+    def close(self) -> None:
+        pass
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ def test_the_engines_events_follow_its_slots_and_prompt_cache_at_every_step(mode
     config = EngineConfig(n_parallel=2, n_ctx=2048, n_threads=1, kv_events=True, kv_block_size=BLOCK, policy=PriorityPolicy())
     with Engine(model, config, start=False) as engine:
         assert engine.kv_events is not None
-        view = RouterView(BLOCK)
+        events, view = engine.kv_events.subscribe(), RouterView(BLOCK)
         params = {"max_tokens": 24, "temperature": 0, "ignore_eos": True, "priority": 5}
         requests = [engine.chat(chat(SYSTEM, q)["messages"], **params) for q in ("Hi", "Cards?")]
         late = []
@@ -48,7 +48,7 @@ def test_the_engines_events_follow_its_slots_and_prompt_cache_at_every_step(mode
             if len(late) < 2 and engine.n_steps in (6, 12):  # a question that goes first, then the tenant again
                 system = OTHER if not late else SYSTEM
                 late.append(engine.chat(chat(system, "Loans?")["messages"], max_tokens=8, temperature=0, priority=0))
-            while (batch := engine.kv_events.next_batch(timeout=0)) is not None:
+            while (batch := events.next_batch(timeout=0)) is not None:
                 view.read(encode(batch.ts, batch.events))
             assert view.prefixes(None) == block_prefixes(BLOCK, [s.cache_tokens for s in engine.slots])
             assert engine.prompt_cache is not None

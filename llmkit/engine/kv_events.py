@@ -7,8 +7,14 @@ ZMQ). llama-server has no KV events: this is llmkit's own, in vLLM's format.
 
     tracker = KVEventTracker(block_size=16)
     tracker.update(engine.slots, engine.prompt_cache)   # the events since the last call: dicts, vLLM's wire schema
-    tracker.collect(engine.slots, engine.prompt_cache)  # the same, queued as a batch (the engine, at each step's end)
-    tracker.next_batch(timeout=1.0)                     # a publisher's thread takes it
+    events = tracker.subscribe()                        # a reader: the publisher, or your own analysis
+    tracker.collect(engine.slots, engine.prompt_cache)  # update, handed as one batch to every reader (each step's end)
+    events.next_batch(timeout=1.0)                      # each reader takes every batch, in order
+
+Every reader gets every batch (the publisher does not take them from your analysis, nor yours from it), and a reader
+never costs unbounded memory: one that falls ``max_batches`` behind (a notebook that subscribed and stopped reading)
+loses them and gets, instead, one batch that clears its view and stores every block held now (what the publisher's
+replay sends a router that joins late).
 
 What a block is: ``block_size`` tokens of a sequence, at a multiple of ``block_size``; only complete blocks are told
 (the router matches a prompt block by block). Block ``i`` is named ``sha256(name(i - 1) + its tokens as uint32 LE)``:
@@ -30,9 +36,10 @@ is hashed once, when it enters the cache.
 from __future__ import annotations
 
 import hashlib
-import queue
 import struct
+import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -43,6 +50,7 @@ if TYPE_CHECKING:
 DEVICE: str | None = None  # the slots' KV cache (the router's device tier)
 HOST = "CPU"  # the host-RAM prompt cache (the router's host tier)
 DEFAULT_BLOCK_SIZE = 16  # vLLM's and vllm-router's default
+MAX_RUN = 4096  # blocks in one BlockStored of a snapshot (vllm-router takes at most 4,096 events a batch, as many blocks)
 
 Event = dict[str, Any]  # one event, as vLLM's msgpack encoder writes it: a map with its "type"
 
@@ -127,7 +135,9 @@ class KVEventTracker:
         self.device, self.host = Tier(DEVICE, block_size), Tier(HOST, block_size)
         self.slot_names: dict[int, list[bytes]] = {}  # by slot id: the names of its complete blocks
         self.entry_names: dict[int, tuple[CachedPrompt, list[bytes]]] = {}  # by id(entry); the entry kept so its id stays its own
-        self.batches: queue.SimpleQueue[EventBatch] = queue.SimpleQueue()
+        self.told = Mirror()  # what every batch so far adds up to: what a reader that fell behind is sent instead
+        self.readers: list[Subscription] = []
+        self._lock = threading.Lock()  # readers and told: subscribing happens on other threads than collecting
 
     def update(self, slots: Sequence[Slot], cache: PromptCache | None) -> list[Event]:
         """The events that bring a reader from what was told to what the slots and ``cache`` hold now: every store,
@@ -173,14 +183,102 @@ class KVEventTracker:
         return changes
 
     def collect(self, slots: Sequence[Slot], cache: PromptCache | None) -> None:
-        """``update``, queued as a batch if anything changed (the engine calls it at the end of each step)."""
+        """``update``, handed to every reader as one batch if anything changed (the engine, at the end of each step)."""
         events = self.update(slots, cache)
-        if events:
-            self.batches.put(EventBatch(time.time(), events))
+        if not events:
+            return
+        batch = EventBatch(time.time(), events)
+        with self._lock:
+            self.told.apply(events)
+            for reader in self.readers:
+                reader.put(batch, self.told)
+
+    def subscribe(self, max_batches: int = 1024) -> Subscription:
+        """A new reader of every batch from now on (``close()`` it when done). From a state already told, it starts
+        with a batch that stores every block held now."""
+        with self._lock:
+            reader = Subscription(self, max_batches)
+            if self.told.tiers:
+                reader.put(EventBatch(time.time(), self.told.snapshot(self.block_size)), self.told)
+            self.readers.append(reader)
+            return reader
+
+    def unsubscribe(self, reader: Subscription) -> None:
+        with self._lock:
+            if reader in self.readers:
+                self.readers.remove(reader)
+
+
+class Subscription:
+    """One reader's batches, in order, at most ``max_batches`` of them: a reader that falls further behind gets, in
+    place of what it missed, one batch that clears its view and stores every block held (``Mirror.snapshot``)."""
+
+    def __init__(self, tracker: KVEventTracker, max_batches: int):
+        if max_batches < 1:
+            raise ValueError(f"a reader keeps at least one batch, not {max_batches}")
+        self.tracker, self.block_size, self.max_batches = tracker, tracker.block_size, max_batches
+        self.batches: deque[EventBatch] = deque()
+        self.n_resyncs = 0  # how often it fell behind and was sent the whole state instead
+        self._ready = threading.Condition()
+
+    def put(self, batch: EventBatch, told: Mirror) -> None:
+        """(The tracker, under its lock.) ``batch``; or, if this reader is full, everything ``told`` holds."""
+        with self._ready:
+            if len(self.batches) >= self.max_batches:
+                self.batches.clear()
+                self.batches.append(EventBatch(batch.ts, told.snapshot(self.block_size)))
+                self.n_resyncs += 1
+            else:
+                self.batches.append(batch)
+            self._ready.notify()
 
     def next_batch(self, timeout: float | None = None) -> EventBatch | None:
-        """The oldest batch not yet taken, waiting up to ``timeout`` seconds for one (None: none came)."""
-        try:
-            return self.batches.get(timeout=timeout)
-        except queue.Empty:
-            return None
+        """The oldest batch not yet read, waiting up to ``timeout`` seconds for one (None: none came)."""
+        with self._ready:
+            if not self._ready.wait_for(lambda: self.batches, timeout):
+                return None
+            return self.batches.popleft()
+
+    def close(self) -> None:
+        self.tracker.unsubscribe(self)
+
+
+class Mirror:
+    """What a reader that read every batch holds: by tier (``medium``), block name -> (parent, tokens), in the order
+    they were stored (a parent always before its children: a holder of a block holds its whole prefix)."""
+
+    def __init__(self) -> None:
+        self.tiers: dict[str | None, dict[bytes, tuple[bytes | None, list[int]]]] = {}
+
+    def apply(self, events: list[Event]) -> None:
+        for event in events:
+            if event["type"] == "AllBlocksCleared":
+                self.tiers.clear()
+                continue
+            blocks = self.tiers.setdefault(event["medium"], {})
+            if event["type"] == "BlockRemoved":
+                for name in event["block_hashes"]:
+                    blocks.pop(name, None)
+                continue
+            parent, size, tokens = event["parent_block_hash"], event["block_size"], event["token_ids"]
+            for i, name in enumerate(event["block_hashes"]):
+                blocks[name] = (parent, tokens[i * size : (i + 1) * size])
+                parent = name
+
+    def snapshot(self, block_size: int, max_run: int = MAX_RUN) -> list[Event]:
+        """Every block held, as the events that store it after clearing the rest: one ``BlockStored`` per chain run
+        (of at most ``max_run`` blocks)."""
+        events: list[Event] = [{"type": "AllBlocksCleared"}]
+        for medium, blocks in self.tiers.items():
+            last: Event | None = None
+            for name, (parent, tokens) in blocks.items():
+                if last is not None and last["block_hashes"][-1] == parent and len(last["block_hashes"]) < max_run:
+                    last["block_hashes"].append(name)
+                    last["token_ids"].extend(tokens)
+                    continue
+                last = {
+                    "type": "BlockStored", "block_hashes": [name], "parent_block_hash": parent, "token_ids": list(tokens),
+                    "block_size": block_size, "lora_id": None, "medium": medium, "lora_name": None,
+                }  # fmt: skip
+                events.append(last)
+        return events

@@ -33,7 +33,7 @@ import msgpack
 import zmq
 from fastapi import APIRouter
 
-from llmkit.engine.kv_events import Event, EventBatch
+from llmkit.engine.kv_events import Event, EventBatch, KVEventTracker, Mirror, Subscription
 from llmkit.server.state import State
 
 log = logging.getLogger("llmkit.server")
@@ -64,52 +64,14 @@ def endpoint_of(value: str, host: str) -> str:
     return value
 
 
-class Mirror:
-    """What a subscriber that read every batch holds: by tier (``medium``), block name -> (parent, tokens), in the order
-    they were stored (a parent always before its children: a holder of a block holds its whole prefix)."""
-
-    def __init__(self) -> None:
-        self.tiers: dict[str | None, dict[bytes, tuple[bytes | None, list[int]]]] = {}
-
-    def apply(self, events: list[Event]) -> None:
-        for event in events:
-            if event["type"] == "AllBlocksCleared":
-                self.tiers.clear()
-                continue
-            blocks = self.tiers.setdefault(event["medium"], {})
-            if event["type"] == "BlockRemoved":
-                for name in event["block_hashes"]:
-                    blocks.pop(name, None)
-                continue
-            parent, size, tokens = event["parent_block_hash"], event["block_size"], event["token_ids"]
-            for i, name in enumerate(event["block_hashes"]):
-                blocks[name] = (parent, tokens[i * size : (i + 1) * size])
-                parent = name
-
-    def snapshot(self, block_size: int) -> list[Event]:
-        """Every block held, as the events that store it after clearing the rest: one ``BlockStored`` per chain run."""
-        events: list[Event] = [{"type": "AllBlocksCleared"}]
-        for medium, blocks in self.tiers.items():
-            last: Event | None = None
-            for name, (parent, tokens) in blocks.items():
-                if last is not None and last["block_hashes"][-1] == parent and len(last["block_hashes"]) < MAX_EVENTS:
-                    last["block_hashes"].append(name)
-                    last["token_ids"].extend(tokens)
-                    continue
-                last = {
-                    "type": "BlockStored", "block_hashes": [name], "parent_block_hash": parent, "token_ids": list(tokens),
-                    "block_size": block_size, "lora_id": None, "medium": medium, "lora_name": None,
-                }  # fmt: skip
-                events.append(last)
-        return events
-
-
 class EventSource(Protocol):
-    """Where the batches come from: the engine's ``KVEventTracker``."""
+    """Where the batches come from: a reader of the engine's ``KVEventTracker`` (``Subscription``)."""
 
     block_size: int
 
     def next_batch(self, timeout: float | None = None) -> EventBatch | None: ...
+
+    def close(self) -> None: ...
 
 
 class KVPublisher:
@@ -191,6 +153,7 @@ class KVPublisher:
         self.closing.set()
         for thread in self.threads:
             thread.join()
+        self.source.close()
         self.zmq.destroy(linger=0)
 
 
@@ -198,10 +161,15 @@ def start(engine: object, endpoint: str | None) -> KVPublisher | None:
     """A publisher of ``engine``'s KV events on ``endpoint`` (None: the server publishes none)."""
     if endpoint is None:
         return None
-    source = getattr(engine, "kv_events", None)
-    if source is None:
+    tracker = getattr(engine, "kv_events", None)
+    if not isinstance(tracker, KVEventTracker):
         raise ValueError("--kv-events: this engine makes no KV events (EngineConfig(kv_events=True))")
-    return KVPublisher(source, endpoint)
+    source: Subscription = tracker.subscribe()
+    try:
+        return KVPublisher(source, endpoint)
+    except BaseException:
+        source.close()
+        raise
 
 
 @router.get("/get_server_info")
