@@ -94,6 +94,11 @@ def add_serve_parsers(sub: argparse._SubParsersAction) -> None:
         "--sse-ping-interval", type=int, default=30, metavar="S", help="ping a stream after S seconds of silence (default 30; <= 0: never)"
     )
     slots.add_argument("--max-body-size", type=int, default=10 * 2**20, help="largest request body in bytes (default 10 MiB)")
+    slots.add_argument(
+        "--drain-timeout", type=float, default=30, metavar="S",
+        help="llmkit's own: on SIGTERM, take no new connection and let running requests finish for up to S seconds, "
+        "then exit (uvicorn's graceful shutdown; default 30)",
+    )  # fmt: skip
 
 
 def add_engine_flags(slots: argparse.ArgumentParser) -> None:
@@ -391,7 +396,11 @@ def serve_slots(args: argparse.Namespace) -> int:
     # access_log=False: the app logs one line per request itself, with token counts. http="h11": it writes a header's
     # name as the app spells it (/metrics' Process-Start-Time-Unix, as llama-server), where httptools lowers every
     # name; measured here, ~3 us more per streamed event, against the ~7 ms of a decode step.
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_config=None, access_log=False, http="h11"))
+    # SIGTERM (a rolling restart) drains: uvicorn closes its socket, so a router's health check and retries go to the
+    # other replicas, lets the running requests finish for up to --drain-timeout seconds, then stops the engine
+    http = uvicorn.Config(app, host=args.host, port=args.port, log_config=None, access_log=False, http="h11",
+                          timeout_graceful_shutdown=args.drain_timeout)  # fmt: skip
+    server = uvicorn.Server(http)
     server.run()
     return 1 if app.state.server.load_error is not None else 0
 

@@ -37,6 +37,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -86,6 +87,32 @@ class Fleet:
         """Start replica ``index`` again on its port, then wait until the router reports every replica healthy."""
         self.replicas[index].restart(timeout)
         launch.wait_healthy(self.url, timeout)
+
+    def rolling_restart(self, timeout: float = 120) -> list[float]:
+        """Each replica in turn: SIGTERM (the slot server drains: it takes no new connection, so the router retries
+        elsewhere, and its running requests finish), started again on its port, and back in the router's rotation
+        before the next one goes: what a deployment does to update a fleet without failing a request. Returns when
+        each was told to stop (``time.perf_counter()``)."""
+        stopped = []
+        for i, replica in enumerate(self.replicas):
+            stopped.append(time.perf_counter())
+            replica.stop(timeout)
+            self.restart(i, timeout)
+            self.wait_routed(i, timeout)
+        return stopped
+
+    def wait_routed(self, index: int, timeout: float = 60) -> None:
+        """Wait until the router counts replica ``index`` healthy again (its health checks passed)."""
+        url, deadline = self.replicas[index].url, time.monotonic() + timeout
+        while not self.router_says_healthy(url):
+            if time.monotonic() > deadline:
+                raise FleetError(f"the router did not take replica {index} ({url}) back within {timeout:.0f} s")
+            time.sleep(0.2)
+
+    def router_says_healthy(self, url: str) -> bool:
+        """Whether the router's ``/workers/{url}`` reports that worker healthy."""
+        answer = httpx.get(f"{self.url}/workers/{quote(url, safe='')}", timeout=10)
+        return answer.status_code == 200 and answer.json().get("is_healthy") is True
 
     @contextlib.contextmanager
     def routed(
