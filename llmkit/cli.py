@@ -175,6 +175,11 @@ def add_kv_cache_flags(slots: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     slots.add_argument("--kv-block-size", type=int, default=16, metavar="N", help="tokens per block of the KV events (default 16)")
     slots.add_argument(
+        "--kv-share", action="store_true",
+        help="llmkit's own (needs -kvu): a request takes the KV cells of its longest prefix any slot holds, busy or idle, "
+        "instead of reading them (SGLang's radix cache on llama.cpp's unified cache; default off: llama-server's per-slot cache)",
+    )  # fmt: skip
+    slots.add_argument(
         "--pd-peers", nargs="+", default=[], metavar="URL",
         help="llmkit's own: the prefill workers (http://HOST:PORT) this decode worker takes KV cells from in vllm-router's "
         "PD mode; a request naming any other is a 400 (default: none)",
@@ -213,6 +218,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         step_tokens=args.step_tokens, cache_ram_mib=args.cache_ram, cache_idle_slots=args.cache_idle_slots,
         cache_reuse=args.cache_reuse, context_shift=args.context_shift, speculative=speculative,
         policy=POLICIES[args.scheduling_policy](), kv_events=args.kv_events is not None, kv_block_size=args.kv_block_size,
+        kv_share=args.kv_share,
     )  # fmt: skip
 
 

@@ -297,6 +297,11 @@ class Context:
         """Drop sequence ``seq_id``'s cells at positions [p0, p1) (p1 < 0: to the end)."""
         return lc.llama_memory_seq_rm(self.memory, seq_id, p0, p1)
 
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        """Sequence ``dst`` holds ``src``'s cells at positions [p0, p1) too. On a unified KV cache the cells only gain
+        ``dst``'s id (llama_kv_cache::seq_cp: "no data copy is necessary"): one set of cells, two sequences."""
+        lc.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
+
     def seq_pos_max(self, seq_id: int) -> int:
         """The last position sequence ``seq_id`` holds in the KV cache (-1: none): how a test sees what is there."""
         return lc.llama_memory_seq_pos_max(self.memory, seq_id)

@@ -42,6 +42,7 @@ FAST_MODULES = {
     "test_layout.py",  # the runtime apart from the course's apparatus, and one map of the package
     "test_trace.py",  # the multi-tenant trace and its summary (the replay itself: test_fleet.py)
     "test_kv_events.py",  # the KV events on hand-made slots, their wire on loopback ZMQ sockets
+    "test_kv_share.py",  # shared prefix cells on a model of the unified KV cache
     "test_sim.py",  # the fleet model (its one test on the real model is marked slow)
     "test_exercises.py",  # the exercises' pattern, hints, progress, student edition, and the checks that need no model
 }

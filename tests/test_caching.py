@@ -8,7 +8,7 @@ import os
 import pytest
 
 from llmkit.course.bench.scenarios import rss_mb
-from llmkit.engine import End, Engine, EngineConfig
+from llmkit.engine import End, Engine, EngineConfig, RequestParams
 from llmkit.engine.prompt_cache import MIB
 
 LINES = [
@@ -209,3 +209,38 @@ def test_a_dropped_prompt_copy_gives_its_memory_back(model):
         size, before = len(copy), rss_mb(os.getpid())[0]
         del copy
         assert size > 4 * MIB and (before - rss_mb(os.getpid())[0]) * MIB > 0.9 * size
+
+
+# --- kv_share: a prefix's cells shared by the slots (llmkit's own, beyond llama-server) ------------------------------
+
+QUESTIONS = ["when do the boats leave?", "who mends the nets?", "what does the baker sell?", "who climbs the stairs?"]
+
+
+def test_a_burst_with_one_prefix_reads_it_once_and_every_request_takes_its_cells(model):
+    config = EngineConfig(n_parallel=4, n_ctx=4096, n_threads=1, kv_unified=True, kv_share=True)
+    prompts = [model.tokenize(f"{SHARED} Question: {q} Answer:") for q in QUESTIONS]
+    n_common = min(next(i for i, t in enumerate(p) if t != prompts[0][i]) for p in prompts[1:])
+    with Engine(model, config) as engine:
+        burst = [engine.submit(p, RequestParams.of(max_tokens=4, temperature=0)) for p in prompts]
+        for r in burst:
+            r.result()
+        read = sum(r.outcome.timings.prompt_n for r in burst)
+        once = n_common + sum(len(p) - n_common for p in prompts)  # the prefix once, every question
+        assert once <= read <= 1.1 * once, (read, once)  # where llama-server reads the prefix 4 times
+        assert engine.counters.prompt_tokens_shared_total >= 3 * (n_common - 32)  # three took it (a waiter reads < 32 more)
+
+
+def test_a_request_that_takes_shared_cells_writes_what_it_writes_on_the_slot_that_holds_them(model):
+    # The same two requests one after the other: the second, on the other slot, takes the first's prefix from its idle
+    # slot with kv_share; without, it runs on the first's slot and keeps its prefix there (llama-server's reuse; and
+    # that is what a restore from RAM writes too: the first test above). The same cells, the same rest of the prompt
+    # read, the same text.
+    first, second = (model.tokenize(f"{SHARED} Question: {q} Answer:") for q in QUESTIONS[:2])
+    answers = {}
+    for share, slot in ((True, 1), (False, 0)):
+        with Engine(model, EngineConfig(n_parallel=2, n_ctx=2048, n_threads=1, kv_unified=True, kv_share=share)) as engine:
+            engine.submit(first, RequestParams.of(max_tokens=8, temperature=0, id_slot=0)).result()
+            then = engine.submit(second, RequestParams.of(max_tokens=24, temperature=0, id_slot=slot))
+            answers[share] = then.result(), then.outcome.timings.cache_n
+            assert (engine.counters.prompt_tokens_shared_total == then.outcome.timings.cache_n) is share
+    assert answers[True] == answers[False] and answers[True][1] > 200

@@ -45,6 +45,12 @@ class EngineConfig:
     cache now hold as blocks of ``kv_block_size`` tokens (``Engine.kv_events``; ``llmkit.engine.kv_events``), for a
     router's ``kv_aware`` policy (the server publishes them: ``--kv-events``).
 
+    ``kv_share`` (llmkit's own, beyond llama-server; needs ``kv_unified``): a request takes the cells of its prompt's
+    longest prefix that any slot holds, running or idle, with ``seq_cp`` (one set of cells, several sequences: no
+    compute, no copy) and reads only the rest; idle slots keep their cells for that until the cache needs the room;
+    a request whose prefix another slot is reading now waits for those cells instead of reading them too (SGLang's
+    radix cache and in-batch prefix caching, on llama.cpp's unified KV cache).
+
     ``policy`` (llmkit's own): who goes first, which slot a request gets, which running job makes room for it,
     whose prompt fills a step first (``llmkit.engine.scheduler``: llama-server's rules, or your own).
     """
@@ -63,6 +69,7 @@ class EngineConfig:
     policy: Policy = field(default_factory=LlamaServerPolicy)  # llmkit's --scheduling-policy: llama-server's rules by default
     kv_events: bool = False  # llmkit's --kv-events (the engine's half: the events; the server publishes them)
     kv_block_size: int = DEFAULT_BLOCK_SIZE  # llmkit's --kv-block-size: tokens per block of the KV events
+    kv_share: bool = False  # llmkit's --kv-share: prefixes' KV cells shared by the slots (needs kv_unified)
 
     def to_dict(self) -> dict:
         """Every setting, as ``/props`` reports it (the policy and the speculation mode by their names)."""
@@ -85,6 +92,8 @@ class EngineConfig:
             raise ValueError(f"cache_reuse must be 0 (off) or a number of tokens, not {self.cache_reuse}")
         self.speculative.checked()
         kv_unified = self.n_parallel == -1 if self.kv_unified is None else self.kv_unified
+        if self.kv_share and not kv_unified:
+            raise ValueError("kv_share needs a unified KV cache (kv_unified, -kvu): separate streams share no cells")
         return replace(
             self, n_parallel=n_parallel, kv_unified=kv_unified, cache_idle_slots=self.cache_idle_slots and self.cache_ram_mib != 0
         )

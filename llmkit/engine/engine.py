@@ -51,7 +51,7 @@ from llmkit.engine.job import Job
 from llmkit.engine.kv_events import KVEventTracker
 from llmkit.engine.prompt_cache import PromptCache
 from llmkit.engine.request import ContextSizeError, End, EngineError, KVState, Outcome, Request, RequestParams, TokenLogprob
-from llmkit.engine.scheduler import Admission, Chunk, Running, admission, build_batch, swaps_prompt
+from llmkit.engine.scheduler import Admission, Chunk, Running, admission, build_batch, prefix_donor, swaps_prompt, waits_for_cells
 from llmkit.engine.slot import Slot
 from llmkit.engine.speculative import SpecType, make_drafter
 from llmkit.engine.status import Counters, EngineStatus, Share, SlotStatus, StepRecord, Waiting
@@ -60,6 +60,7 @@ from llmkit.timings import Timings
 
 log = logging.getLogger("llmkit.engine")
 STATUS_TAIL = 80  # tokens of each slot's end that a status carries (a picture of the slot shows them as text)
+MIN_SHARED = 32  # kv_share: tokens of a prefix being read that are worth waiting for rather than reading them too
 
 
 class Engine:
@@ -247,7 +248,10 @@ class Engine:
             for request in [r for r in self.waiting if r.cancelled]:
                 self.waiting.remove(request)
                 self._drop(request)
-            found = admission(self.waiting, self.slots, self.policy, self.tokens_of)
+            waiting = list(self.waiting)
+            if self.config.kv_share:  # a request whose prefix a slot is reading waits for its cells
+                waiting = [r for r in waiting if not waits_for_cells(self.slots, self.tokens_of(r), MIN_SHARED)]
+            found = admission(waiting, self.slots, self.policy, self.tokens_of)
             if found is not None:
                 self.waiting.remove(found.request)
             return found
@@ -263,6 +267,8 @@ class Engine:
         if request.kv is not None and request.id not in self.suspended:
             return self.launch_from(slot, request, request.kv)
         tokens, params = self.tokens_of(request), request.params
+        if self.config.kv_share and params.cache_prompt:
+            self.share_prefix(slot, tokens)
         self.swap_prompt(slot, tokens, request, resuming=request.id in self.suspended)
         n_keep, n_moved = slot.reuse(self.ctx, tokens, params.cache_prompt, params.n_cache_reuse)
         job = self.suspended.pop(request.id, None)
@@ -272,6 +278,19 @@ class Engine:
             job.resume(n_keep)
         slot.job = job
         request.start(slot.id, job.n_cached)  # a streamed answer can send its status line now
+
+    def share_prefix(self, slot: Slot, tokens: list[int]) -> None:
+        """(kv_share, llmkit's own; llama-server shares cells only between one request's n > 1 children, copy_state_to.)
+        If another slot, busy or idle, holds more of ``tokens`` than ``slot`` does, ``slot`` takes those cells
+        (``Slot.share_from``: seq_cp on the unified KV cache) instead of reading them; its own prompt goes to the
+        prompt cache first, as when a slot is reused."""
+        if (found := prefix_donor(self.slots, slot, tokens)) is None:
+            return
+        if self.prompt_cache is not None and slot.cache_tokens and slot.save_prompt(self.prompt_cache, self.ctx):
+            self.prompt_cache.update()
+        donor, n = found
+        slot.share_from(self.ctx, donor, n)
+        self.counters.record_share(n)
 
     def launch_from(self, slot: Slot, request: Request, kv: KVState) -> None:
         """Start ``request`` on ``slot`` from KV cells another engine read (llmkit's own: disaggregated prefill; llama-server
@@ -332,7 +351,7 @@ class Engine:
                         self.prompt_cache.update()
                 except Exception:  # the cache is an optimisation: losing one copy loses no request (logged with its traceback)
                     log.exception("saving slot %d to the prompt cache failed", slot.id)
-                if self.config.kv_unified:
+                if self.config.kv_unified and not self.config.kv_share:  # shared, its cells stay until the cache needs room
                     slot.clear_prompt(self.ctx)
 
     def update_slots(self) -> StepRecord | None:
@@ -438,12 +457,13 @@ class Engine:
     def clear_idle_slot(self) -> bool:
         """Free the cells of one idle slot that holds some (llama-server: try_clear_idle_slots).
         Only a unified KV cache gains from it: separate streams do not share cells."""
-        for slot in self.slots if self.config.kv_unified else ():
-            if slot.is_idle and slot.cache_tokens:
-                log.warning("purging slot %d with %d tokens", slot.id, slot.n_past)
-                slot.clear_prompt(self.ctx)
-                return True
-        return False
+        idle = [slot for slot in self.slots if slot.is_idle and slot.cache_tokens] if self.config.kv_unified else []
+        if not idle:
+            return False
+        slot = min(idle, key=lambda s: s.t_last_used) if self.config.kv_share else idle[0]  # shared: least recently used
+        log.warning("purging slot %d with %d tokens", slot.id, slot.n_past)
+        slot.clear_prompt(self.ctx)
+        return True
 
     def sample(self, chunk: Chunk) -> int:
         """A token for the job from its logits in this batch, with its logprobs if asked, handed to

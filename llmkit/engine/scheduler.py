@@ -187,6 +187,25 @@ def swaps_prompt(slot: Slot, tokens: list[int], params: RequestParams) -> bool:
     return params.id_slot is None or bool(slot.cache_tokens)  # least recently used, or named and not similar
 
 
+def prefix_donor(slots: Sequence[Slot], slot: Slot, tokens: list[int]) -> tuple[Slot, int] | None:
+    """(kv_share, llmkit's own) The other slot, busy or idle, that holds the longest prefix of ``tokens``, and how many
+    of its cells ``slot`` takes, if that is more than ``slot`` keeps of its own. A token is always left to read: the
+    first token is sampled from its logits."""
+    n_own = common_prefix(slot.cache_tokens, tokens)
+    held = [(min(common_prefix(other.cache_tokens, tokens), len(tokens) - 1), other) for other in slots if other is not slot]
+    n, donor = max(held, key=lambda h: h[0], default=(0, slot))
+    return (donor, n) if n > n_own else None
+
+
+def waits_for_cells(slots: Sequence[Slot], tokens: list[int], min_shared: int) -> bool:
+    """(kv_share) Whether a request for ``tokens`` waits for a prefix that a slot is reading now rather than read it
+    too (SGLang's in-batch prefix caching): when that slot will hold ``min_shared`` or more of its tokens beyond what
+    any slot holds already. It waits while that prefix is read, never longer than it would take to read it itself."""
+    held = max((common_prefix(s.cache_tokens, tokens) for s in slots), default=0)
+    reading = [s.job.context for s in slots if s.job is not None and not s.job.is_generating]
+    return any(common_prefix(context, tokens) - held >= min_shared for context in reading)
+
+
 @dataclass(frozen=True)
 class Chunk:
     """What one job puts in a step's batch: ``tokens`` at positions ``pos``, ``pos + 1``, ... of its slot.

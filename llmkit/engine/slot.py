@@ -42,6 +42,7 @@ class Slot:
         self.t_last_used = 0.0
         self.n_restored = 0  # prompts brought back into this slot from the prompt cache
         self.changed_from: int | None = None  # the first position whose token changed since take_changes (None: none)
+        self.n_shared = 0  # its first cells that another sequence may hold too (kv_share): they never move (seq_add)
 
     @property
     def is_idle(self) -> bool:
@@ -95,7 +96,7 @@ class Slot:
             n = 0
             while head_c + n < len(cache) and head_p + n < len(prompt) and cache[head_c + n] == prompt[head_p + n]:
                 n += 1
-            if n >= min_chunk:
+            if n >= min_chunk and head_c >= self.n_shared:  # a shared cell stays put: moving it moves it for its other holders
                 self.changed(head_p)
                 ctx.seq_rm(self.id, head_p, head_c)
                 ctx.seq_add(self.id, head_c, head_c + n, head_p - head_c)
@@ -114,9 +115,10 @@ class Slot:
         """Make room in a full slot: drop half the tokens after the first ``n_keep``, move the rest back.
 
         (llama-server: the context shift at the top of pre_decode, --context-shift.)
-        The generation goes on, having forgotten the middle of what it read.
+        The generation goes on, having forgotten the middle of what it read. Cells it shares stay where they are (it
+        keeps at least those).
         """
-        n_keep = min(self.n_ctx - 4, n_keep)
+        n_keep = min(self.n_ctx - 4, max(n_keep, self.n_shared))
         n_left = self.n_past - n_keep
         n_discard = max(0, min(n_left // 2, n_left - 1))
         ctx.seq_rm(self.id, n_keep, n_keep + n_discard)
@@ -132,7 +134,17 @@ class Slot:
         if n < len(self.cache_tokens):
             self.changed(n)
         del self.cache_tokens[n:]
+        self.n_shared = min(self.n_shared, n)
         return True
+
+    def share_from(self, ctx: Context, donor: Slot, n: int) -> None:
+        """Hold ``donor``'s first ``n`` cells instead of what this slot held (kv_share, llmkit's own): ``seq_cp`` on a
+        unified KV cache, no compute and no copy; neither slot moves those cells from now on (``n_shared``)."""
+        ctx.seq_rm(self.id, 0, -1)
+        ctx.seq_cp(donor.id, self.id, 0, n)
+        self.changed(0)
+        self.cache_tokens = donor.cache_tokens[:n]
+        self.n_shared, donor.n_shared = n, max(donor.n_shared, n)
 
     # --- the prompt cache (server_slot::prompt_save / prompt_load / prompt_clear) ----------
 
@@ -143,7 +155,7 @@ class Slot:
         restored = cache.load(ctx, self.id, self.cache_tokens, tokens)
         if restored is not None:
             self.changed(0)
-            self.cache_tokens = restored
+            self.cache_tokens, self.n_shared = restored, 0
             self.n_restored += 1
 
     def load_cells(self, ctx: Context, tokens: list[int], cells: mmap.mmap | bytearray) -> bool:
@@ -153,13 +165,14 @@ class Slot:
             self.clear_prompt(ctx)
             return False
         self.changed(0)
-        self.cache_tokens = list(tokens)
+        self.cache_tokens, self.n_shared = list(tokens), 0
         return True
 
     def clear_prompt(self, ctx: Context) -> None:
         ctx.seq_rm(self.id, 0, -1)
         self.changed(0)
         self.cache_tokens = []
+        self.n_shared = 0
 
     def release(self, ctx: Context, *, keep_cache: bool = True) -> None:
         """The job leaves (it ended, or was preempted). The KV cache stays for the next request unless ``keep_cache`` is False."""

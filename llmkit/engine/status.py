@@ -41,6 +41,7 @@ class Counters:
     requests_finished_total: int = 0
     requests_failed_total: int = 0
     requests_preempted_total: int = 0  # llmkit's own: jobs that left their slot for a request that goes first
+    prompt_tokens_shared_total: int = 0  # llmkit's own (kv_share): prompt tokens whose cells a slot took from another
 
     def snapshot(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -62,6 +63,9 @@ class Counters:
 
     def record_preemption(self) -> None:
         self.requests_preempted_total += 1
+
+    def record_share(self, n_tokens: int) -> None:
+        self.prompt_tokens_shared_total += n_tokens
 
     def record_draft(self, n_drafted: int, n_accepted: int) -> None:
         self.spec_decode_num_draft_tokens_total += n_drafted

@@ -37,6 +37,7 @@ COUNTERS = {  # counter name -> its help text (the same words as llama-server's)
     "batch_prompt_tokens_total": "Prompt tokens put in llama_decode() batches",
     "batch_generated_tokens_total": "Tokens of generating slots put in llama_decode() batches (one per slot per step, plus drafts)",
     "requests_preempted_total": "Running requests that left their slot for one of a higher priority (--scheduling-policy priority)",
+    "prompt_tokens_shared_total": "Prompt tokens whose KV cells a slot took from another slot instead of reading them (--kv-share)",
 }
 
 
