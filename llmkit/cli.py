@@ -255,6 +255,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
             "speculation",
             "priority",
             "fleet",
+            "shared-prefix",
         ],
         help="leave out a server or a scenario (no-budget: the slot server with --step-tokens 0; llama-server: built from "
         "the pinned llama.cpp; levels: the 1-8 stream levels; apis: the same streams through chat, Responses and Messages; "

@@ -312,13 +312,28 @@ def test_speculation_targets_take_each_servers_best_mode():
 
 def test_a_run_without_the_concurrency_levels_writes_no_plot(tmp_path):
     everything = frozenset(
-        ["sequential", "slots", "no-budget", "llama-server", "raw", "prefix", "arrivals", "kv-cache", "apis", "levels", "speculation"]
+        [
+            "sequential",
+            "slots",
+            "no-budget",
+            "llama-server",
+            "raw",
+            "prefix",
+            "arrivals",
+            "kv-cache",
+            "apis",
+            "levels",
+            "speculation",
+            "shared-prefix",
+        ]
     )
     results = bench.run(bench.Config(out=tmp_path, skip=everything, soak=0, greedy_runs=0))
     assert results.plot_path is None and sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "results.md"]
 
 
-EVERYTHING_ELSE = frozenset({"sequential", "no-budget", "raw", "levels", "apis", "prefix", "arrivals", "kv-cache", "speculation"})
+EVERYTHING_ELSE = frozenset(
+    {"sequential", "no-budget", "raw", "levels", "apis", "prefix", "arrivals", "kv-cache", "speculation", "shared-prefix"}
+)
 
 
 def test_bench_priority_tiny_run(tmp_path):
@@ -352,3 +367,22 @@ def test_bench_fleet_tiny_run(tmp_path):
     assert [row[:2] for row in rows[1:]] == [["slots", "round_robin"], ["slots", "kv_aware"]]
     targets = {row[0]: row[2] for row in markdown_table(saved, "| target |")[1:]}
     assert targets["slots fleet: kv_aware cache hit >= round_robin's"] in ("PASS", "FAIL")
+
+
+def test_bench_shared_prefix_tiny_run(tmp_path):
+    # two clients, one ~700-token system prompt: the slot server as llama-server keeps its cache reads the prefix twice,
+    # with --kv-share once (the second request takes the first's cells); both over HTTP, the counts from the servers
+    cfg = bench.Config(threads=1, out=tmp_path, skip=EVERYTHING_ELSE - {"shared-prefix"} | {"llama-server", "priority"},
+                       fleet_policies=(), shared_bursts=(2,))  # fmt: skip
+    results = bench.run(cfg)
+
+    by_server = {r.server: r for r in results.shared_prefix}
+    assert sorted(by_server) == ["slots", "slots --kv-share"] and all(r.clients == 2 for r in by_server.values())
+    plain, shared = by_server["slots"], by_server["slots --kv-share"]
+    assert shared.once > 700 and plain.once > 700  # (a new system prompt each burst: its length varies by a token)
+    assert shared.once <= shared.prompt_tokens <= 1.1 * shared.once < plain.prompt_tokens  # read once, where slots reads twice
+    saved = results.table_path.read_text()
+    assert [row[:2] for row in markdown_table(saved, "| server | clients | prompt tokens computed")[1:]] == [
+        ["slots", "2"], ["slots --kv-share", "2"]]  # fmt: skip
+    targets = {row[0]: row[2] for row in markdown_table(saved, "| target |")[1:]}
+    assert targets["slots --kv-share, 2 clients: prompt tokens computed <= 1.1x the least"] == "PASS"

@@ -83,7 +83,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from llmkit.course import launch
-from llmkit.course.bench import report
+from llmkit.course.bench import report, shared_prefix
 from llmkit.course.bench.config import (
     CACHE_REUSE,
     FLEET_FLAGS,
@@ -185,6 +185,8 @@ def measure(cfg: Config) -> Measured:
         m.priority = priority_runs(cfg)
     if cfg.fleet_policies and "fleet" not in cfg.skip:
         m.fleet = [run for server, flags in FLEET_FLAGS.items() if server not in cfg.skip for run in fleet_server_runs(server, flags, cfg)]
+    if "shared-prefix" not in cfg.skip:
+        m.shared_prefix = shared_prefix.runs(cfg)
     if cfg.greedy_runs:
         m.greedy = greedy_drift(cfg)
     return m

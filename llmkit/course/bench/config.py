@@ -46,7 +46,8 @@ class Config:
     model: str | None = None
     urls: dict[str, str] = field(default_factory=dict)  # name -> base URL of an OpenAI-compatible server
     out: Path = Path("bench-results")
-    # any of: sequential, slots, no-budget, llama-server, raw, prefix, arrivals, kv-cache, speculation, priority, fleet; apis, levels
+    # any of: sequential, slots, no-budget, llama-server, raw, prefix, arrivals, kv-cache, speculation, priority, fleet,
+    # shared-prefix; apis, levels
     # concurrency levels)
     skip: frozenset[str] = frozenset()
     ctx_per_slot: int = 1024
@@ -65,6 +66,7 @@ class Config:
     api_rounds: int = 5  # API streaming cost: rounds, each API's ratio to chat taken within a round, the median reported
     spec_streams: tuple[int, ...] = (1, 4)  # speculation: concurrent clients, each sending every prompt in turn (empty: skip it)
     priority_rounds: int = 3  # priority: high-priority requests sent, each while every slot streams (0: skip it)
+    shared_bursts: tuple[int, ...] = (4, 8)  # shared prefix: clients sending one system prompt at once (empty: skip it)
     fleet_policies: tuple[str, ...] = FLEET_POLICIES  # fleet: the router's policies compared (empty: skip it)
     fleet_conversations: int = 10  # fleet: the trace's users (4 tenants), each ...
     fleet_turns: int = 4  # ... asking this many questions in a chat that grows

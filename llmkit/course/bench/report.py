@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from llmkit.course.bench import shared_prefix
 from llmkit.course.bench.config import (
     CACHE_REUSE,
     NO_BUDGET,
@@ -259,6 +260,7 @@ def judge(m: Measured, cfg: Config) -> list[Target]:
         *speculation_targets(m.speculation, cfg),
         *priority_targets(m.priority),
         *fleet_targets(m.fleet),
+        *(Target(name, measured, ok) for name, measured, ok in shared_prefix.targets(m.shared_prefix)),
         *production_info(at, n),
     ]
 
@@ -624,6 +626,10 @@ def markdown(m: Measured, targets: list[Target], cfg: Config) -> str:
     if m.priority:
         parts.append(f"## Priority ({PRIORITY_SLOTS} slots busy with low-priority streams, a high-priority request comes; "
                      f"{cfg.priority_rounds} rounds)\n\n" + priority_table(m.priority))  # fmt: skip
+    if m.shared_prefix:
+        parts.append(f"## Shared prefix (a burst of clients, one ~{shared_prefix.PREFIX_TOKENS}-token system prompt, "
+                     f"{shared_prefix.ANSWER_TOKENS}-token answers; -np {max(cfg.shared_bursts)} -kvu on each server)\n\n"
+                     + shared_prefix.table(m.shared_prefix))  # fmt: skip
     parts.append("## Targets\n\n" + targets_table(targets))
     return "\n\n".join(parts) + "\n"
 

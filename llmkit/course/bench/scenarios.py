@@ -35,6 +35,7 @@ from tqdm import tqdm
 from llmkit.course.bench.config import GREEDY_SLOTS, RAW, BenchError, Config
 from llmkit.course.bench.prompts import QUESTION, REVIEWS, TEXTS, spec_prompts
 from llmkit.course.bench.servers import APIS, OpenAIServer, Server, http_client, through
+from llmkit.course.bench.shared_prefix import SharedPrefix
 from llmkit.course.client import StreamResult
 
 if TYPE_CHECKING:
@@ -823,3 +824,4 @@ class Measured:
     speculation: list[Speculation] = field(default_factory=list)
     priority: list[Priority] = field(default_factory=list)
     fleet: list[FleetRun] = field(default_factory=list)
+    shared_prefix: list[SharedPrefix] = field(default_factory=list)
