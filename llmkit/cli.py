@@ -140,7 +140,8 @@ def add_engine_flags(slots: argparse.ArgumentParser) -> None:
         default=LlamaServerPolicy.name,
         help="llmkit's own: who goes first and which slot a request gets: llama-server's rules (default), "
         "shortest-prompt, fair-share (among X-Tenant headers), priority (the request's priority field, lower first; "
-        "a request may preempt a running one of a lower priority)",
+        "a request may preempt a running one of a lower priority), lpm (SGLang's longest prefix match: the most of its "
+        "prompt cached first)",
     )
 
 

@@ -228,6 +228,7 @@ def test_a_burst_with_one_prefix_reads_it_once_and_every_request_takes_its_cells
         once = n_common + sum(len(p) - n_common for p in prompts)  # the prefix once, every question
         assert once <= read <= 1.1 * once, (read, once)  # where llama-server reads the prefix 4 times
         assert engine.counters.prompt_tokens_shared_total >= 3 * (n_common - 32)  # three took it (a waiter reads < 32 more)
+        assert all(s.n_shared >= n_common - 32 for s in engine.status().slots)  # what /slots reports: each holds it shared
 
 
 def test_a_request_that_takes_shared_cells_writes_what_it_writes_on_the_slot_that_holds_them(model):

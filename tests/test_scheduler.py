@@ -12,6 +12,7 @@ from llmkit.engine.scheduler import (
     Chunk,
     FairShare,
     LlamaServerPolicy,
+    LongestPrefixMatch,
     PriorityPolicy,
     ShortestPromptFirst,
     admission,
@@ -217,6 +218,15 @@ def test_fair_share_admits_the_tenant_holding_the_fewest_slots_first():
     # a holds a slot already: b and c go first, though a's two came earlier; llama-server's order serves a's burst
     assert admit_all(waiting, slots(), FairShare()) == [(2, 1), (3, 2)]
     assert admit_all(waiting, slots(), LlamaServerPolicy()) == [(0, 1), (1, 2)]
+
+
+def test_longest_prefix_match_admits_the_request_with_the_most_of_its_prompt_cached_first():
+    system = list(range(500, 540))
+    slots = [busy(idle(0, [*system, 1, 2]), [*system, 1, 2], 42), idle(1, system[:10]), idle(2, [])]
+    cold, warm, warmer = (Request(tokens, RequestParams()) for tokens in ([9, 9, 9], [*system[:10], 7], [*system, 8]))
+    # 40 tokens held by the busy slot 0, 10 by the idle slot 1, none: warmer, warm, cold, where llama-server serves arrival
+    assert [r.id for r in LongestPrefixMatch().order([cold, warm, warmer], slots)] == [warmer.id, warm.id, cold.id]
+    assert [r.id for r in LlamaServerPolicy().order([cold, warm, warmer], slots)] == [cold.id, warm.id, warmer.id]
 
 
 def test_priority_goes_first_and_takes_the_slot_of_the_latest_lowest_priority_job():

@@ -120,7 +120,25 @@ class PriorityPolicy(LlamaServerPolicy):
         return sorted(reading, key=lambda running: (running[1].request.params.priority, running[1].request.id))
 
 
-POLICIES: dict[str, type[LlamaServerPolicy]] = {p.name: p for p in (LlamaServerPolicy, ShortestPromptFirst, FairShare, PriorityPolicy)}
+@dataclass(frozen=True)
+class LongestPrefixMatch(LlamaServerPolicy):
+    """SGLang's ``lpm``: the waiting request with the most of its prompt already in the KV cache goes first (any slot's
+    cells, busy or idle; ties: arrival), so what the cache holds is used before it is evicted. With ``kv_share`` the
+    request takes those cells wherever they are; without, only from the slot it gets. A request with nothing cached
+    can wait while cached ones keep coming (SGLang falls back to first come first served for long queues)."""
+
+    name: ClassVar[str] = "lpm"
+
+    def order(self, waiting: Sequence[Request], slots: Sequence[Slot]) -> list[Request]:
+        def cached(request: Request) -> int:
+            return max((common_prefix(slot.cache_tokens, request.prompt) for slot in slots), default=0)
+
+        return sorted(waiting, key=lambda request: -cached(request))
+
+
+POLICIES: dict[str, type[LlamaServerPolicy]] = {
+    p.name: p for p in (LlamaServerPolicy, ShortestPromptFirst, FairShare, PriorityPolicy, LongestPrefixMatch)
+}
 
 
 class Admission(NamedTuple):

@@ -139,12 +139,14 @@ class SlotStatus:
     n_restored: int  # prompts brought back from the prompt cache
     job: JobStatus | None  # None: idle
     tail: tuple[int, ...] = ()  # the last tokens of its KV cache, and with a job the last it generated (for a picture)
+    n_shared: int = 0  # of n_cached, its first cells that another slot may hold too (kv_share)
 
     @classmethod
     def of(cls, slot: Slot, n_tail: int = 0) -> SlotStatus:
         job = slot.job
         tail = (job.output if job is not None and job.output else slot.cache_tokens)[-n_tail:] if n_tail else []
-        return cls(slot.id, slot.n_ctx, slot.n_past, slot.n_restored, JobStatus.of(job) if job is not None else None, tuple(tail))
+        status = JobStatus.of(job) if job is not None else None
+        return cls(slot.id, slot.n_ctx, slot.n_past, slot.n_restored, status, tuple(tail), slot.n_shared)
 
 
 class Waiting(NamedTuple):

@@ -103,7 +103,8 @@ async def slots(state: State) -> list[dict]:
 
 
 def slot_json(slot: SlotStatus, speculative: bool = False) -> dict:
-    """One slot as ``GET /slots`` shows it (llama-server's keys, and llmkit's ``n_cached`` and ``n_restored_from_cache``)."""
+    """One slot as ``GET /slots`` shows it (llama-server's keys, and llmkit's ``n_cached``, ``n_restored_from_cache`` and
+    ``n_shared``)."""
     state: dict[str, Any] = {
         "id": slot.id,
         "n_ctx": slot.n_ctx,
@@ -111,6 +112,7 @@ def slot_json(slot: SlotStatus, speculative: bool = False) -> dict:
         "is_processing": slot.job is not None,
         "n_cached": slot.n_cached,
         "n_restored_from_cache": slot.n_restored,
+        "n_shared": slot.n_shared,  # --kv-share: of n_cached, the first cells another slot may hold too
     }
     if slot.job is not None:
         state |= dataclasses.asdict(slot.job)
