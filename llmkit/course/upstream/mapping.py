@@ -101,6 +101,10 @@ MAP: tuple[Counterpart, ...] = (
                 in_upstream="prompt_cache.alloc(", in_llmkit="cache.save("),
     Counterpart("llmkit.engine.slot.Slot.load_prompt", "server_slot::prompt_load", CONTEXT, "the same, and counts restores for /slots",
                 in_upstream="prompt_cache.load(", in_llmkit="cache.load("),
+    Counterpart("llmkit.engine.slot.Slot.share_from", "server_slot::copy_state_to", CONTEXT,
+                "the same seq_rm then seq_cp, across requests (--kv-share): a new request takes the longest prefix any slot "
+                "holds; llama-server copies a slot's cells only to the n > 1 children of its own task",
+                in_upstream="mem.seq_cp(id, other.id, -1, -1)", in_llmkit="ctx.seq_cp(donor.id, self.id, 0, n)"),
     Counterpart("llmkit.engine.slot.Slot.clear_prompt", "server_slot::prompt_clear", CONTEXT, "the same",
                 in_upstream="mem.seq_rm(id, -1, -1)", in_llmkit="ctx.seq_rm(self.id, 0, -1)"),
     Counterpart("llmkit.engine.slot.Slot.reuse_chunks", "server_context_impl::pre_decode", CONTEXT,
@@ -143,7 +147,8 @@ MAP: tuple[Counterpart, ...] = (
     # speculative decoding without a draft model (--spec-type ngram-simple | ngram-mod): draft, verify, accept
     Counterpart("llmkit.engine.engine.Engine.propose_drafts", "server_context_impl::pre_decode", CONTEXT,
                 "the same bound on a draft (the slot's context, max_tokens), and also the stream's share of the batch; "
-                "llama-server drafts on its queue's worker thread (yield_to_queue), llmkit in the step",
+                "both draft on the loop's thread, in the step (llama-server inside yield_to_queue, its worker taking queued "
+                "tasks meanwhile)",
                 in_upstream="slot.get_n_draft_max()", in_llmkit="self.drafter.draft(slot.id"),
     Counterpart("llmkit.engine.engine.Engine.propose_drafts", "common_speculative_draft", "common/speculative.cpp",
                 "one drafter, the engine's --spec-type; llama-server can chain several, each asked for the slots still without a draft",
