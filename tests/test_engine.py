@@ -441,3 +441,51 @@ def test_a_preempted_request_goes_on_with_the_same_greedy_text(model, cache_ram_
     with engine:
         assert text == never_stopped.result() and answer  # the question was answered meanwhile
         assert engine.slots[0].n_restored == (1 if cache_ram_mib else 0)  # from the prompt cache, or read again
+
+
+# --- a policy with a bug costs its own decision, never a request ---------------------------------------------------------
+
+
+class Raises(LlamaServerPolicy):
+    name = "raises"
+
+    def order(self, waiting, slots):
+        raise RuntimeError("a bug in order")
+
+    def prompt_order(self, reading):
+        raise RuntimeError("a bug in prompt_order")
+
+
+class BusySlot(LlamaServerPolicy):
+    name = "busy-slot"
+
+    def choose_slot(self, slots, request, tokens):
+        return next((s for s in slots if not s.is_idle), slots[0])  # a slot with a job on it, whenever there is one
+
+
+class Stranger(LlamaServerPolicy):
+    name = "stranger"
+
+    def order(self, waiting, slots):
+        return [Request([1, 2, 3]), *waiting]  # a request that is not waiting, first
+
+
+class IdleVictim(PriorityPolicy):
+    name = "idle-victim"
+
+    def choose_slot(self, slots, request, tokens):
+        return None  # never an idle slot: every admission is a preemption ...
+
+    def victim(self, slots, request):
+        return slots[0]  # ... of slot 0, idle or not
+
+
+@pytest.mark.parametrize("policy", [Raises(), BusySlot(), Stranger(), IdleVictim()], ids=lambda p: p.name)
+def test_a_policy_that_raises_or_chooses_what_cannot_be_loses_no_request_and_says_so_once(model, policy, caplog):
+    with Engine(model, EngineConfig(n_parallel=2, n_ctx=1024, n_threads=1, policy=policy)) as engine:
+        with caplog.at_level("WARNING", logger="llmkit.engine"):
+            requests = [engine.complete(f"Count to {k}:", max_tokens=6, temperature=0, ignore_eos=True) for k in range(4)]
+            outcomes = [r.result() and r.outcome for r in requests]
+    assert all(o is not None and o.end is End.LIMIT and o.n_output == 6 for o in outcomes), outcomes  # every one answered
+    said = [r.message for r in caplog.records if f"scheduling policy {policy.name}" in r.message]
+    assert 1 <= len(said) <= 2 and all("llama-server's rule" in m or "arrival order" in m for m in said), said  # once a kind

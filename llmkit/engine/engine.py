@@ -41,6 +41,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import replace
 from os import PathLike
 from typing import Any
@@ -51,7 +52,17 @@ from llmkit.engine.job import Job
 from llmkit.engine.kv_events import KVEventTracker
 from llmkit.engine.prompt_cache import PromptCache
 from llmkit.engine.request import ContextSizeError, End, EngineError, KVState, Outcome, Request, RequestParams, TokenLogprob
-from llmkit.engine.scheduler import Admission, Chunk, Running, admission, build_batch, prefix_donor, swaps_prompt, waits_for_cells
+from llmkit.engine.scheduler import (
+    Admission,
+    Chunk,
+    LlamaServerPolicy,
+    Running,
+    admission,
+    build_batch,
+    prefix_donor,
+    swaps_prompt,
+    waits_for_cells,
+)
 from llmkit.engine.slot import Slot
 from llmkit.engine.speculative import SpecType, make_drafter
 from llmkit.engine.status import Counters, EngineStatus, Share, SlotStatus, StepRecord, Waiting
@@ -101,6 +112,7 @@ class Engine:
         self.waiting: deque[Request] = deque()  # in arrival order (the policy orders them)
         self.suspended: dict[int, Job] = {}  # preempted jobs, by request id: their requests wait again
         self.counters = Counters()
+        self._faults: set[str] = set()  # the kinds of fault the policy showed, each logged once
         self.steps: deque[StepRecord] = deque(maxlen=10_000)  # the last steps, for plots
         self.n_steps = 0  # turns of the loop so far
         self._lock = threading.Lock()  # guards waiting, _closing and the published status
@@ -232,10 +244,21 @@ class Engine:
         return record
 
     def admit(self) -> None:
-        """Move waiting requests into slots, as the policy orders them (process_single_task)."""
+        """Move waiting requests into slots, as the policy orders them (process_single_task). A job started in this
+        turn is not preempted in it: a policy that would (a ping-pong) waits for the next step."""
+        started: set[int] = set()
         while (found := self._next_admission()) is not None:
+            if found.preempt and found.slot.id in started:
+                self._requeue(found.request)
+                return
+            started.add(found.slot.id)
             if found.preempt:
-                self.preempt(found.slot)
+                try:
+                    self.preempt(found.slot)
+                except Exception:  # the job stays on its slot; the request waits again, and tries at the next step
+                    log.exception("preempting slot %d failed; request %d waits", found.slot.id, found.request.id)
+                    self._requeue(found.request)
+                    return
             try:  # outside the lock: building a grammar sampler can take a while
                 self.launch(found.slot, found.request)
             except Exception as exc:  # noqa: BLE001 -- a bad sampler (a grammar) or a failed prompt-cache copy fails this request alone
@@ -244,17 +267,59 @@ class Engine:
             self.save_idle_slots()
 
     def _next_admission(self) -> Admission | None:
+        """The next request to start and its slot. The policy decides on a snapshot of the queue, outside the lock that
+        ``submit`` takes on the server's event loop, so a slow policy delays no request's arrival."""
         with self._lock:
             for request in [r for r in self.waiting if r.cancelled]:
                 self.waiting.remove(request)
                 self._drop(request)
             waiting = list(self.waiting)
-            if self.config.kv_share:  # a request whose prefix a slot is reading waits for its cells
-                waiting = [r for r in waiting if not waits_for_cells(self.slots, self.tokens_of(r), MIN_SHARED)]
-            found = admission(waiting, self.slots, self.policy, self.tokens_of)
-            if found is not None:
+        if self.config.kv_share:  # a request whose prefix a slot is reading waits for its cells
+            waiting = [r for r in waiting if not waits_for_cells(self.slots, self.tokens_of(r), MIN_SHARED)]
+        found = self._checked_admission(waiting)
+        if found is not None:
+            with self._lock:
                 self.waiting.remove(found.request)
+        return found
+
+    def _checked_admission(self, waiting: list[Request]) -> Admission | None:
+        """The policy's choice, checked: if it raises, or names a request that is not waiting, an idle slot to preempt or
+        a busy one to fill, the engine says so in its log (once per kind of fault) and admits by llama-server's rule."""
+        try:
+            found = admission(waiting, self.slots, self.policy, self.tokens_of)
+            fault = None if found is None or self._usable(found, waiting) else f"chose an unusable slot or request: {found}"
+        except Exception as exc:  # noqa: BLE001 -- a plug-in's bug costs its own decision, never a request
+            found, fault = None, f"raised {exc!r}"
+        if fault is None:
             return found
+        if fault.split(":")[0] not in self._faults:
+            self._faults.add(fault.split(":")[0])
+            log.warning("scheduling policy %s %s; admitting by llama-server's rule", self.policy.name, fault)
+        return admission(waiting, self.slots, LlamaServerPolicy(), self.tokens_of)
+
+    def _prompt_order(self, reading: Sequence[Running]) -> list[Running]:
+        """The policy's order of the prompts in a step, checked as admissions are: the same jobs, each once; else arrival."""
+        try:
+            ordered = self.policy.prompt_order(reading)
+            if sorted(slot.id for slot, _ in ordered) == sorted(slot.id for slot, _ in reading):
+                return ordered
+            fault = "ordered other prompts than those being read"
+        except Exception as exc:  # noqa: BLE001 -- as in _checked_admission
+            fault = f"raised {exc!r} ordering prompts"
+        if fault not in self._faults:
+            self._faults.add(fault)
+            log.warning("scheduling policy %s %s; reading them in arrival order", self.policy.name, fault)
+        return LlamaServerPolicy().prompt_order(reading)
+
+    def _usable(self, found: Admission, waiting: list[Request]) -> bool:
+        """A request that is waiting, and a slot of this engine: idle to fill, busy to preempt."""
+        return any(r is found.request for r in waiting) and any(s is found.slot for s in self.slots) and found.slot.is_idle != found.preempt
+
+    def _requeue(self, request: Request) -> None:
+        """``request`` back in the queue at its place of arrival."""
+        with self._lock:
+            later = next((i for i, r in enumerate(self.waiting) if r.id > request.id), len(self.waiting))
+            self.waiting.insert(later, request)
 
     def tokens_of(self, request: Request) -> list[int]:
         """What ``request`` needs in its slot's KV cache: its prompt (after a preemption, its prompt and what it generated)."""
@@ -334,9 +399,7 @@ class Engine:
         job.request.suspend()
         self.suspended[job.request.id] = job
         self.counters.record_preemption()
-        with self._lock:
-            later = next((i for i, r in enumerate(self.waiting) if r.id > job.request.id), len(self.waiting))
-            self.waiting.insert(later, job.request)
+        self._requeue(job.request)
 
     def save_idle_slots(self) -> None:
         """Copy every idle slot's prompt to RAM; on a unified KV cache, also free its cells for the
@@ -359,7 +422,7 @@ class Engine:
         t0 = time.perf_counter()
         self.prepare_slots()
         busy = [(slot, slot.job) for slot in self.slots if slot.job is not None]
-        plan = build_batch(busy, self.batch.capacity, self.config.step_tokens, self.propose_drafts(busy), self.policy.prompt_order)
+        plan = build_batch(busy, self.batch.capacity, self.config.step_tokens, self.propose_drafts(busy), self._prompt_order)
         if not plan:
             return None
         self.fill_batch(plan)
