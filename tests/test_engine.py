@@ -482,10 +482,10 @@ class IdleVictim(PriorityPolicy):
 
 @pytest.mark.parametrize("policy", [Raises(), BusySlot(), Stranger(), IdleVictim()], ids=lambda p: p.name)
 def test_a_policy_that_raises_or_chooses_what_cannot_be_loses_no_request_and_says_so_once(model, policy, caplog):
-    with Engine(model, EngineConfig(n_parallel=2, n_ctx=1024, n_threads=1, policy=policy)) as engine:
-        with caplog.at_level("WARNING", logger="llmkit.engine"):
-            requests = [engine.complete(f"Count to {k}:", max_tokens=6, temperature=0, ignore_eos=True) for k in range(4)]
-            outcomes = [r.result() and r.outcome for r in requests]
+    config = EngineConfig(n_parallel=2, n_ctx=1024, n_threads=1, policy=policy)
+    with Engine(model, config) as engine, caplog.at_level("WARNING", logger="llmkit.engine"):
+        requests = [engine.complete(f"Count to {k}:", max_tokens=6, temperature=0, ignore_eos=True) for k in range(4)]
+        outcomes = [r.result() and r.outcome for r in requests]
     assert all(o is not None and o.end is End.LIMIT and o.n_output == 6 for o in outcomes), outcomes  # every one answered
     said = [r.message for r in caplog.records if f"scheduling policy {policy.name}" in r.message]
     assert 1 <= len(said) <= 2 and all("llama-server's rule" in m or "arrival order" in m for m in said), said  # once a kind
