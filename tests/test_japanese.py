@@ -237,3 +237,28 @@ def test_no_rejected_glossary_variant_in_what_the_cells_printed(path):
     cells = nbformat.read(path, 4).cells
     found = {i: hits for i, cell in enumerate(cells) if cell.cell_type == "code" if (hits := rejected_in(printed(cell), terms))}
     assert not found, f"rejected renderings in the committed outputs (execute the chapter again), by cell: {found}"
+
+
+def plain_endings(text: str) -> list[str]:
+    """The sentences of ``text`` that end in plain form (だ体: a past tense in た that is not ました or でした, or a
+    copula だ), where the checks speak in です・ます. A closing remark in brackets and punctuation are passed over."""
+    found = []
+    for sentence in re.split("[。\n]", text):
+        bare = re.sub(r"(\uff08[^\uff08]*\uff09|\([^(]*\))+$", "", sentence.strip())  # a closing remark in brackets
+        bare = re.sub(r"[\u300d\u300f\uff1a:\s!\uff01]+$", "", bare)
+        if (bare.endswith("た") and not bare.endswith(("ました", "でした"))) or bare.endswith("だ"):
+            found.append(sentence)
+    return found
+
+
+def test_plain_endings_are_found():
+    remark, label = "数えた\uff082 回\uff09", "None\uff08待つ\uff09"  # a remark in full-width brackets, and a label's
+    assert plain_endings("2 台のうち 1 台が処理した") and plain_endings("正しい形だ。") and plain_endings(remark)
+    assert not plain_endings("1 台が処理しました。") and not plain_endings("正しい形でした") and not plain_endings(label)
+
+
+def test_the_checks_speak_in_desu_masu():
+    """What an exercise's check says, in every chapter, in one register (the review found chapter 10's in plain form)."""
+    entries = polib.pofile(str(ROOT / "ja" / "locale" / "exercises.po"))
+    plain = {entry.msgid: found for entry in entries if (found := plain_endings(entry.msgstr))}
+    assert not plain, plain

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
+from llmkit.course import tr
 from llmkit.course.client import astream, chat_piece
 
 WORDS = (
@@ -348,10 +349,11 @@ class Summary:
 
     def line(self) -> str:
         replicas = " ".join(f"{name}:{n}req/{p}tok" for name, (n, p) in sorted(self.per_replica.items()))
-        return (
-            f"cache hit {self.cache_hit:6.1%}  TTFT p50 {self.ttft_p50 * 1000:6.0f} ms  p99 {self.ttft_p99 * 1000:6.0f} ms  "
-            f"{self.tokens_per_s:5.1f} tok/s  {self.requests} req ({self.errors} failed)  {replicas}"
-        )
+        return tr(
+            "cache hit {hit:6.1%}  TTFT p50 {p50:6.0f} ms  p99 {p99:6.0f} ms  {rate:5.1f} tok/s  {n} req ({failed} failed)  {replicas}",
+            hit=self.cache_hit, p50=self.ttft_p50 * 1000, p99=self.ttft_p99 * 1000, rate=self.tokens_per_s, n=self.requests,
+            failed=self.errors, replicas=replicas,
+        )  # fmt: skip
 
 
 def summarize(records: Sequence[Record]) -> Summary:

@@ -107,7 +107,7 @@ class Engine:
         self.prompt_cache = PromptCache(config.cache_ram_mib, self.ctx.n_ctx) if config.cache_ram_mib != 0 else None
         self.slots = [Slot(i, self.ctx.n_ctx_seq) for i in range(config.n_parallel)]
         self.batch = Batch(self.ctx.n_batch)
-        # what the slots and the prompt cache hold, told at each step's end (None: off); a publisher takes its batches
+        # what the slots and the prompt cache hold, told at each step's end (None: off); readers subscribe to its batches
         self.kv_events = KVEventTracker(config.kv_block_size) if config.kv_events else None
         self.waiting: deque[Request] = deque()  # in arrival order (the policy orders them)
         self.suspended: dict[int, Job] = {}  # preempted jobs, by request id: their requests wait again
@@ -118,8 +118,7 @@ class Engine:
         self._lock = threading.Lock()  # guards waiting, _closing and the published status
         self._work = threading.Condition(self._lock)  # the loop waits on it for work
         self._published = threading.Condition(self._lock)  # status readers wait on it for the next snapshot
-        self._closing = False
-        self._status_asked = False
+        self._closing = self._status_asked = False
         self._status = self._snapshot()
         self._thread: threading.Thread | None = None
         if start:

@@ -38,6 +38,8 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from llmkit.course import tr
+
 CALIBRATION = Path(__file__).with_name("smollm2-135m-t1.json")  # the shipped fit
 TERMS = ("base", "per_prompt", "per_generated", "per_context")
 
@@ -239,14 +241,17 @@ def describe(cost: StepCost) -> str:
     """The fit in words: each coefficient, the error, and what each term buys."""
     m, e = cost.machine, cost.error
     lines = [
-        f"t = {cost.base * 1e3:.2f} ms + {cost.per_prompt * 1e3:.3f} ms x prompt tokens + {cost.per_generated * 1e3:.3f} ms x "
-        f"streams' tokens + {cost.per_context * 1e3:.4f} ms x thousand attention pairs",
-        f"prompt cache copy: {cost.state_per_token * 1e6:.1f} us a token",
-        f"fit over {len(cost.points)} steps: relative error median {e['median']:.1%}, p90 {e['p90']:.1%}, max {e['max']:.0%}",
-        "without a term, the median error: " + ", ".join(f"{t} {e:.1%}" for t, e in cost.terms.items()),
-        f"measured: {m.get('model')}, -t {m.get('threads')}, {m.get('cores')} cores, load {m.get('load_average', 0):.1f} "
-        f"(the steps got {m.get('cpu_share', 1):.0%} of a core), {m.get('date')}",
-    ]
+        tr("t = {base:.2f} ms + {prompt:.3f} ms x prompt tokens + {generated:.3f} ms x streams' tokens + {context:.4f} ms x "
+           "thousand attention pairs", base=cost.base * 1e3, prompt=cost.per_prompt * 1e3, generated=cost.per_generated * 1e3,
+           context=cost.per_context * 1e3),
+        tr("prompt cache copy: {us:.1f} us a token", us=cost.state_per_token * 1e6),
+        tr("fit over {n} steps: relative error median {median:.1%}, p90 {p90:.1%}, max {max:.0%}", n=len(cost.points),
+           median=e["median"], p90=e["p90"], max=e["max"]),
+        tr("without a term, the median error: ") + tr(", ").join(f"{t} {e:.1%}" for t, e in cost.terms.items()),
+        tr("measured: {model}, -t {threads}, {cores} cores, load {load:.1f} (the steps got {share:.0%} of a core), {date}",
+           model=m.get("model"), threads=m.get("threads"), cores=m.get("cores"), load=m.get("load_average", 0),
+           share=m.get("cpu_share", 1), date=m.get("date")),
+    ]  # fmt: skip
     return "\n".join(lines)
 
 
