@@ -558,7 +558,7 @@ class Engine:
 
     def accept_draft(self, slot: Slot, job: Job, chunk: Chunk, n_accepted: int) -> None:
         """Keep the draft's first ``n_accepted`` tokens in the KV cache: the rest leave it (llama-server: the
-        speculative accept in update_slots, ``keep_first`` and ``seq_rm``)."""
+        speculative accept in post_decode, ``keep_first`` and ``seq_rm``)."""
         slot.truncate(self.ctx, chunk.pos + 1 + n_accepted)
         job.accept_draft(len(chunk.draft), n_accepted)
         self.counters.record_draft(len(chunk.draft), n_accepted)
