@@ -55,6 +55,7 @@ def test_bench_tiny_run(tmp_path, monkeypatch):
         spec_streams=(1,),
         priority_rounds=0,  # its own test: test_bench_priority_tiny_run
         fleet_policies=(),  # its own test: test_bench_fleet_tiny_run
+        shared_bursts=(),  # its own test: test_bench_shared_prefix_tiny_run
     )
     # speculation: one short prompt of each kind (its own prompts are a few hundred tokens each, read 16 times each here)
     monkeypatch.setattr(scenarios, "spec_prompts", lambda: {"copy": ["one two three, one two three, one two"], "free": ["Once upon a"]})
