@@ -286,14 +286,11 @@ class Engine:
         a busy one to fill, the engine says so in its log (once per kind of fault) and admits by llama-server's rule."""
         try:
             found = admission(waiting, self.slots, self.policy, self.tokens_of)
-            fault = None if found is None or self._usable(found, waiting) else f"chose an unusable slot or request: {found}"
+            if found is None or self._usable(found, waiting):
+                return found
+            self._policy_fault("chose an unusable slot or request", str(found), "admitting by llama-server's rule")
         except Exception as exc:  # noqa: BLE001 -- a plug-in's bug costs its own decision, never a request
-            found, fault = None, f"raised {exc!r}"
-        if fault is None:
-            return found
-        if fault.split(":")[0] not in self._faults:
-            self._faults.add(fault.split(":")[0])
-            log.warning("scheduling policy %s %s; admitting by llama-server's rule", self.policy.name, fault)
+            self._policy_fault("raised while admitting", repr(exc), "admitting by llama-server's rule")
         return admission(waiting, self.slots, LlamaServerPolicy(), self.tokens_of)
 
     def _prompt_order(self, reading: Sequence[Running]) -> list[Running]:
@@ -302,13 +299,16 @@ class Engine:
             ordered = self.policy.prompt_order(reading)
             if sorted(slot.id for slot, _ in ordered) == sorted(slot.id for slot, _ in reading):
                 return ordered
-            fault = "ordered other prompts than those being read"
+            self._policy_fault("ordered other prompts than those being read", "", "reading them in arrival order")
         except Exception as exc:  # noqa: BLE001 -- as in _checked_admission
-            fault = f"raised {exc!r} ordering prompts"
-        if fault not in self._faults:
-            self._faults.add(fault)
-            log.warning("scheduling policy %s %s; reading them in arrival order", self.policy.name, fault)
+            self._policy_fault("raised while ordering prompts", repr(exc), "reading them in arrival order")
         return LlamaServerPolicy().prompt_order(reading)
+
+    def _policy_fault(self, kind: str, detail: str, instead: str) -> None:
+        """Say once per kind of fault what the policy did, and what the engine does instead."""
+        if kind not in self._faults:
+            self._faults.add(kind)
+            log.warning("scheduling policy %s %s (%s); %s", self.policy.name, kind, detail, instead)
 
     def _usable(self, found: Admission, waiting: list[Request]) -> bool:
         """A request that is waiting, and a slot of this engine: idle to fill, busy to preempt."""
