@@ -130,10 +130,7 @@ class LongestPrefixMatch(LlamaServerPolicy):
     name: ClassVar[str] = "lpm"
 
     def order(self, waiting: Sequence[Request], slots: Sequence[Slot]) -> list[Request]:
-        def cached(request: Request) -> int:
-            return max((common_prefix(slot.cache_tokens, request.prompt) for slot in slots), default=0)
-
-        return sorted(waiting, key=lambda request: -cached(request))
+        return sorted(waiting, key=lambda request: -held_prefix(slots, request.prompt))
 
 
 POLICIES: dict[str, type[LlamaServerPolicy]] = {
@@ -205,6 +202,11 @@ def swaps_prompt(slot: Slot, tokens: list[int], params: RequestParams) -> bool:
     return params.id_slot is None or bool(slot.cache_tokens)  # least recently used, or named and not similar
 
 
+def held_prefix(slots: Sequence[Slot], tokens: list[int]) -> int:
+    """The longest prefix of ``tokens`` that any of ``slots`` holds in its cells."""
+    return max((common_prefix(slot.cache_tokens, tokens) for slot in slots), default=0)
+
+
 def prefix_donor(slots: Sequence[Slot], slot: Slot, tokens: list[int]) -> tuple[Slot, int] | None:
     """(kv_share, llmkit's own) The other slot, busy or idle, that holds the longest prefix of ``tokens``, and how many
     of its cells ``slot`` takes, if that is more than ``slot`` keeps of its own. A token is always left to read: the
@@ -219,7 +221,7 @@ def waits_for_cells(slots: Sequence[Slot], tokens: list[int], min_shared: int) -
     """(kv_share) Whether a request for ``tokens`` waits for a prefix that a slot is reading now rather than read it
     too (SGLang's in-batch prefix caching): when that slot will hold ``min_shared`` or more of its tokens beyond what
     any slot holds already. It waits while that prefix is read, never longer than it would take to read it itself."""
-    held = max((common_prefix(s.cache_tokens, tokens) for s in slots), default=0)
+    held = held_prefix(slots, tokens)
     reading = [s.job.context for s in slots if s.job is not None and not s.job.is_generating]
     return any(common_prefix(context, tokens) - held >= min_shared for context in reading)
 
