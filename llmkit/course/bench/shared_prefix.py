@@ -31,6 +31,7 @@ from llmkit.course.bench.config import Config
 from llmkit.course.bench.prompts import long_system_prompt
 from llmkit.course.bench.servers import OpenAIServer, http_client, server_flags
 from llmkit.course.client import StreamResult
+from llmkit.engine.slot import common_prefix
 from llmkit.llama import Model
 
 PREFIX_TOKENS = 700  # the system prompt every client sends
@@ -77,7 +78,7 @@ async def burst(server: OpenAIServer, bodies: list[dict]) -> tuple[int, list[flo
 def least(model: Model, bodies: list[dict]) -> int:
     """The prompts' common prefix once and each one's rest, in tokens: the least a burst of ``bodies`` can compute."""
     prompts = [model.tokenize_chat(body["messages"]) for body in bodies]
-    common = min(next((i for i, (a, b) in enumerate(zip(p, prompts[0], strict=False)) if a != b), len(p)) for p in prompts)
+    common = min(common_prefix(p, prompts[0]) for p in prompts)
     return common + sum(len(p) - common for p in prompts)
 
 
