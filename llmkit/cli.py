@@ -27,7 +27,7 @@ from dataclasses import fields
 
 from llmkit import models
 from llmkit.engine.config import DEFAULT_STEP_TOKENS, EngineConfig
-from llmkit.engine.scheduler import POLICIES, LlamaServerPolicy
+from llmkit.engine.policy import POLICIES, LlamaServerPolicy
 from llmkit.engine.speculative import SpecParams, SpecType
 
 LOG_FORMAT = "%(asctime)s %(levelname).1s %(name)s: %(message)s"

@@ -13,8 +13,8 @@ import httpx
 import msgpack
 
 from llmkit.engine.job import Job
+from llmkit.engine.policy import Running
 from llmkit.engine.request import Request
-from llmkit.engine.scheduler import Running
 from llmkit.engine.slot import Slot
 from llmkit.text import Detokenizer, StopMatcher
 
@@ -120,7 +120,7 @@ def reading(slot_id: int, n_prompt: int, **params: Any) -> Slot:
 
 def running(*slots: Slot) -> list[Running]:
     """The busy slots and their jobs, as the engine hands them to ``build_batch``."""
-    return [(slot, slot.job) for slot in slots if slot.job is not None]
+    return [Running(slot, slot.job) for slot in slots if slot.job is not None]
 
 
 # --- KV events read back as vllm-router reads them (test_kv_events.py, test_kv_routing.py) ---------------------------

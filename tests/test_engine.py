@@ -489,3 +489,29 @@ def test_a_policy_that_raises_or_chooses_what_cannot_be_loses_no_request_and_say
     assert all(o is not None and o.end is End.LIMIT and o.n_output == 6 for o in outcomes), outcomes  # every one answered
     said = [r.message for r in caplog.records if f"scheduling policy {policy.name}" in r.message]
     assert 1 <= len(said) <= 2 and all("llama-server's rule" in m or "arrival order" in m for m in said), said  # once a kind
+
+
+class Remembers(LlamaServerPolicy):
+    """A policy with a memory: it hears every step and every end (the hooks), and orders by what it heard."""
+
+    name = "remembers"
+
+    def __init__(self):
+        self.steps: list[int] = []  # tokens of each step it observed
+        self.ended: list[tuple[int, str]] = []  # (request id, End or error) in the order they ended
+
+    def observe(self, step):
+        self.steps.append(step.n_prompt + step.n_generated)
+
+    def finished(self, request, result):
+        self.ended.append((request.id, getattr(result, "end", type(result).__name__)))
+
+
+def test_a_policy_keeps_state_and_hears_every_step_and_every_end(model):
+    policy = Remembers()
+    with Engine(model, EngineConfig(n_parallel=1, n_ctx=512, n_threads=1, policy=policy), start=False) as engine:
+        first, second = engine.complete("One", max_tokens=3, ignore_eos=True), engine.complete("Two", max_tokens=3, ignore_eos=True)
+        second.cancel()  # leaves the queue without a slot: its end is heard too
+        records = list(iter(engine.step, None))
+    assert policy.steps == [r.n_prompt + r.n_generated for r in records] and len(records) == 3  # each step, as it ran
+    assert policy.ended == [(second.id, End.CANCELLED), (first.id, End.LIMIT)]

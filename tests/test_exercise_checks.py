@@ -18,9 +18,10 @@ from llmkit.course.exercises import ch04, ch05, ch06, done
 from llmkit.course.exercises.core import FAIL, PASS, UNANSWERED
 from llmkit.course.exercises.lab import LAB
 from llmkit.engine import Engine, EngineConfig
+from llmkit.engine.policy import LlamaServerPolicy, choose_slot
 from llmkit.engine.prompt_cache import MIB
 from llmkit.engine.request import RequestParams
-from llmkit.engine.scheduler import LlamaServerPolicy, build_batch, choose_slot
+from llmkit.engine.scheduler import build_batch
 from llmkit.engine.slot import Slot, common_prefix
 from llmkit.sequential.translator import Translator
 

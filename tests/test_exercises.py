@@ -31,7 +31,7 @@ from llmkit.course.exercises.core import (
     extra_chapter,
     unanswered,
 )
-from llmkit.engine.scheduler import LlamaServerPolicy, choose_slot
+from llmkit.engine.policy import LlamaServerPolicy, choose_slot
 from llmkit.text import StopMatcher
 
 import wrong_answers as wrong

@@ -6,20 +6,12 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
+from llmkit.engine.policy import FairShare, LlamaServerPolicy, LongestPrefixMatch, PriorityPolicy, ShortestPromptFirst, choose_slot
 from llmkit.engine.prompt_cache import MIB, PromptCache
 from llmkit.engine.request import Request, RequestParams
-from llmkit.engine.scheduler import (
-    Chunk,
-    FairShare,
-    LlamaServerPolicy,
-    LongestPrefixMatch,
-    PriorityPolicy,
-    ShortestPromptFirst,
-    admission,
-    build_batch,
-    choose_slot,
-    swaps_prompt,
-)
+from llmkit.engine.scheduler import Scheduler, admission, build_batch, swaps_prompt
 from llmkit.engine.slot import Slot, common_prefix
 
 from helpers import busy, generating, reading, running
@@ -27,12 +19,7 @@ from helpers import busy, generating, reading, running
 CAPACITY = 512  # the batch's (llama-server's n_batch)
 
 
-def commit(plan: list[Chunk]) -> None:
-    """What Engine.commit does after a successful decode."""
-    for chunk in plan:
-        chunk.slot.append(chunk.tokens)
-        if chunk.is_prompt:
-            chunk.job.read(len(chunk.tokens))
+commit = Scheduler.commit  # what the engine does with a plan once it is decoded
 
 
 def test_running_streams_first_then_prompt_chunks_up_to_the_budget():
@@ -236,3 +223,16 @@ def test_priority_goes_first_and_takes_the_slot_of_the_latest_lowest_priority_jo
     assert found is not None and found.preempt and found.slot is slots[1]  # priority 5, and started after slot 0's
     assert admission(queue(5, priority=5), slots, PriorityPolicy(), lambda r: r.prompt) is None  # none lower: it waits
     assert admission(queue(5, priority=0), slots, LlamaServerPolicy(), lambda r: r.prompt) is None  # llama-server never preempts
+
+
+def test_a_policy_is_loaded_by_name_or_as_module_colon_class(tmp_path, monkeypatch):
+    from llmkit.engine import plugins
+    from llmkit.engine.policy import POLICIES
+
+    (tmp_path / "mine.py").write_text("from llmkit.engine import LlamaServerPolicy\nclass Mine(LlamaServerPolicy):\n    name = 'mine'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert isinstance(plugins.load("lpm", POLICIES, "scheduling policy"), LongestPrefixMatch)
+    assert plugins.load("mine:Mine", POLICIES, "scheduling policy").name == "mine"
+    for wrong, said in (("nope", "one of llama-server"), ("mine:Other", "cannot be loaded"), ("absent:X", "cannot be loaded")):
+        with pytest.raises(ValueError, match=said):
+            plugins.load(wrong, POLICIES, "scheduling policy")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -11,6 +12,7 @@ from llmkit.course.sim.cost import CALIBRATION, GpuLikeCost, Point, StepCost, fi
 from llmkit.course.sim.router import BLOCK, HeldBlocks, RadixTree, block_keys
 from llmkit.course.sim.run import Answers, chat_tokens, simulate
 from llmkit.course.trace import make_trace
+from llmkit.engine import RequestParams
 
 # A cost model of round numbers (not the shipped fit: the tests hold whatever a re-calibration gives)
 COST = StepCost(base=0.004, per_prompt=0.002, per_generated=0.008, per_context=0.0002, state_per_token=1e-6)
@@ -122,3 +124,33 @@ def test_calibration_measures_the_real_engine():
     assert len(cost.points) > 30
     assert cost(128, 0, 10) > cost(0, 1, 0) > 0
     assert cost.state_per_token > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step_tokens", [0, 32])
+def test_the_simulation_admits_and_plans_as_the_engine_on_the_same_requests(model, step_tokens):
+    """The model's replica is the engine's scheduler: the same slots, chunks and cache hits, step for step, on requests
+    that share prefixes, outnumber the slots and read prompts longer than a batch (one token each, no model text)."""
+    import simpy
+
+    from llmkit.course.sim.replica import Cores, Replica, ReplicaConfig, SimRequest
+    from llmkit.engine import Engine
+
+    rng = random.Random(step_tokens)
+    stems = [[rng.randrange(300, 9000) for _ in range(90)] for _ in range(2)]
+    trace = [(stems[k % 2] + [rng.randrange(300, 9000) for _ in range(rng.randrange(5, 60))], rng.randrange(2, 9)) for k in range(7)]
+    config = ReplicaConfig(n_slots=2, n_ctx=1024, n_batch=64, step_tokens=step_tokens, cache_ram_mib=64)
+    env = simpy.Environment()
+    replica = Replica(env, 0, COST, Cores(), config)
+    runs = [SimRequest(k, prompt, list(range(n))) for k, (prompt, n) in enumerate(trace)]
+    for run in runs:
+        replica.submit(run)
+    env.run()
+    with Engine(model, replace(config.engine_config(), n_threads=1), start=False) as engine:
+        requests = [engine.submit(prompt, RequestParams.of(max_tokens=n, ignore_eos=True)) for prompt, n in trace]
+        while not all(r.done for r in requests):
+            engine.step()
+        batches = [tuple(share[:4] for share in step.batch) for step in engine.steps]
+    assert [tuple(share[:4] for share in batch) for batch in replica.batches] == batches
+    assert [run.n_cached for run in runs] == [r.outcome.n_cached for r in requests]
+    assert any(run.n_cached for run in runs) and len(batches) > 20  # the trace reused prefixes, over many steps

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 from llmkit.engine.kv_events import DEFAULT_BLOCK_SIZE
-from llmkit.engine.scheduler import LlamaServerPolicy, Policy
+from llmkit.engine.policy import LlamaServerPolicy, Policy
 from llmkit.engine.speculative import SpecParams
 
 # Tokens per step beside a running stream, by default: a step that reads a prompt chunk costs about as much as
@@ -52,7 +52,7 @@ class EngineConfig:
     radix cache and in-batch prefix caching, on llama.cpp's unified KV cache).
 
     ``policy`` (llmkit's own): who goes first, which slot a request gets, which running job makes room for it,
-    whose prompt fills a step first (``llmkit.engine.scheduler``: llama-server's rules, or your own).
+    whose prompt fills a step first (``llmkit.engine.policy``: llama-server's rules, or your own).
     """
 
     n_parallel: int = -1  # -np

@@ -4,7 +4,7 @@ llama-server's ``server_slot``: its ``task``, ``smpl``, ``n_decoded``, ``generat
 A ``Job`` starts when its request gets a slot (``Job.start``) and lives until the request ends. It knows
 nothing of the slot it runs on: the slot points at its job (``Slot.job``), never the other way, and a step's
 plan carries both (``scheduler.Chunk``). So a job can leave its slot and come back on another
-(``Engine.preempt``, ``Job.resume``), with its sampler, detokenizer and stop strings as they were.
+(``Scheduler.preempt``, ``Job.resume``), with its sampler, detokenizer and stop strings as they were.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class Job:
     t_first: float = 0.0  # its first token (0: none yet)
 
     @classmethod
-    def start(cls, request: Request, model: Model, n_keep: int, n_moved: int) -> Job:
+    def start(cls, model: Model, request: Request, n_keep: int, n_moved: int) -> Job:
         """The job of ``request`` on a slot that holds its prompt's first ``n_keep`` tokens (``n_moved`` of them moved
         into place). Building the sampler may raise (a grammar): the engine then fails the request alone."""
         params = request.params

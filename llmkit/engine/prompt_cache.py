@@ -19,8 +19,8 @@ import logging
 import mmap
 from dataclasses import dataclass
 
+from llmkit.engine.memory import KVMemory
 from llmkit.engine.slot import common_prefix
-from llmkit.llama import Context
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
@@ -52,7 +52,7 @@ class PromptCache:
     def n_tokens(self) -> int:
         return sum(len(e.tokens) for e in self.entries)
 
-    def save(self, ctx: Context, seq_id: int, tokens: list[int]) -> bool:
+    def save(self, ctx: KVMemory, seq_id: int, tokens: list[int]) -> bool:
         """Copy sequence ``seq_id`` (holding ``tokens``) to RAM (server_slot::prompt_save + alloc)."""
         if not tokens or any(common_prefix(e.tokens, tokens) == len(tokens) for e in self.entries):
             return False  # nothing to keep, or already kept
@@ -67,7 +67,7 @@ class PromptCache:
         self.saves += 1
         return True
 
-    def load(self, ctx: Context, seq_id: int, tokens: list[int], prompt: list[int]) -> list[int] | None:
+    def load(self, ctx: KVMemory, seq_id: int, tokens: list[int], prompt: list[int]) -> list[int] | None:
         """Restore the entry that serves ``prompt`` better than the ``tokens`` the sequence holds.
 
         (server_prompt_cache::load.) "Better" is more of the prompt (f_sim) AND more of

@@ -3,7 +3,7 @@
 A slot's sequence id is its index. ``cache_tokens`` are exactly the tokens
 whose keys and values sit in that sequence of the KV cache, position by
 position, at every moment outside a step (a step appends to them only after
-its decode has succeeded: ``Engine.commit``); they outlive the job, which is
+its decode has succeeded: ``Scheduler.commit``); they outlive the job, which is
 what prefix reuse reads. Only the slot's own methods change them, and each marks the first position it
 changed (``changed_from``): the KV events (``llmkit.engine.kv_events``) read only what changed since they last looked.
 
@@ -13,15 +13,23 @@ the job does not point back.
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import time
 from typing import TYPE_CHECKING
 
-from llmkit.llama import Context
+from llmkit.engine.memory import KVMemory
 
 if TYPE_CHECKING:
     from llmkit.engine.job import Job
     from llmkit.engine.prompt_cache import PromptCache
+
+
+_CELL_IDS = itertools.count()  # one id per KV cell ever written: slots that hold the same ids share those cells
+
+
+def new_cells(n: int) -> list[int]:
+    return [next(_CELL_IDS) for _ in range(n)]
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -38,6 +46,7 @@ class Slot:
         self.id = slot_id
         self.n_ctx = n_ctx  # this slot's share of the context
         self.cache_tokens: list[int] = []
+        self.cells: list[int] = []  # which KV cell holds each of them (kv_share: a shared prefix's cells are another slot's)
         self.job: Job | None = None  # the run on it (None: idle)
         self.t_last_used = 0.0
         self.n_restored = 0  # prompts brought back into this slot from the prompt cache
@@ -66,7 +75,7 @@ class Slot:
         """How much of ``tokens`` this slot already holds, 0..1 (lcp / len(tokens))."""
         return common_prefix(self.cache_tokens, tokens) / len(tokens) if tokens else 0.0
 
-    def reuse(self, ctx: Context, tokens: list[int], cache_prompt: bool, n_cache_reuse: int | None) -> tuple[int, int]:
+    def reuse(self, ctx: KVMemory, tokens: list[int], cache_prompt: bool, n_cache_reuse: int | None) -> tuple[int, int]:
         """Keep what this slot holds of ``tokens`` (with ``cache_prompt``: the common prefix, and with ``n_cache_reuse``
         chunks moved into place), drop the rest of its KV: returns (tokens kept, of which moved). At least one
         token is left to evaluate: the next token is sampled from its logits.
@@ -81,7 +90,7 @@ class Slot:
             return 0, 0
         return n_keep, min(n_moved, n_keep)
 
-    def reuse_chunks(self, ctx: Context, prompt: list[int], n_past: int, min_chunk: int) -> int:
+    def reuse_chunks(self, ctx: KVMemory, prompt: list[int], n_past: int, min_chunk: int) -> int:
         """After the common prefix, move cached chunks that the prompt repeats into their new places.
 
         (llama-server: the n_cache_reuse loop of pre_decode, --cache-reuse.) An edited
@@ -101,17 +110,19 @@ class Slot:
                 ctx.seq_rm(self.id, head_p, head_c)
                 ctx.seq_add(self.id, head_c, head_c + n, head_p - head_c)
                 cache[head_p : head_p + n] = cache[head_c : head_c + n]
+                self.cells[head_p : head_p + n] = self.cells[head_c : head_c + n]  # the same cells, at new positions
                 head_c, head_p, n_moved = head_c + n, head_p + n, n_moved + n
             else:
                 head_c += 1
         return n_moved
 
     def append(self, tokens: list[int]) -> None:
-        """A decode wrote ``tokens`` at the end of this slot's sequence (``Engine.commit``)."""
+        """A decode wrote ``tokens`` at the end of this slot's sequence (``Scheduler.commit``)."""
         self.changed(len(self.cache_tokens))
         self.cache_tokens.extend(tokens)
+        self.cells.extend(new_cells(len(tokens)))
 
-    def shift_context(self, ctx: Context, n_keep: int) -> None:
+    def shift_context(self, ctx: KVMemory, n_keep: int) -> None:
         """Make room in a full slot: drop half the tokens after the first ``n_keep``, move the rest back.
 
         (llama-server: the context shift at the top of pre_decode, --context-shift.)
@@ -125,8 +136,9 @@ class Slot:
         ctx.seq_add(self.id, n_keep + n_discard, self.n_past, -n_discard)
         self.changed(n_keep)
         del self.cache_tokens[n_keep : n_keep + n_discard]
+        del self.cells[n_keep : n_keep + n_discard]
 
-    def truncate(self, ctx: Context, n: int) -> bool:
+    def truncate(self, ctx: KVMemory, n: int) -> bool:
         """Keep the first ``n`` tokens in this slot's KV cache (a request's new prompt, a rejected draft).
         False: this memory cannot cut a sequence in the middle, and nothing changed."""
         if not ctx.seq_rm(self.id, n, -1):
@@ -134,47 +146,48 @@ class Slot:
         if n < len(self.cache_tokens):
             self.changed(n)
         del self.cache_tokens[n:]
+        del self.cells[n:]
         self.n_shared = min(self.n_shared, n)
         return True
 
-    def share_from(self, ctx: Context, donor: Slot, n: int) -> None:
+    def share_from(self, ctx: KVMemory, donor: Slot, n: int) -> None:
         """Hold ``donor``'s first ``n`` cells instead of what this slot held (kv_share, llmkit's own): ``seq_cp`` on a
         unified KV cache, no compute and no copy; neither slot moves those cells from now on (``n_shared``)."""
         ctx.seq_rm(self.id, 0, -1)
         ctx.seq_cp(donor.id, self.id, 0, n)
         self.changed(0)
-        self.cache_tokens = donor.cache_tokens[:n]
+        self.cache_tokens, self.cells = donor.cache_tokens[:n], donor.cells[:n]
         self.n_shared, donor.n_shared = n, max(donor.n_shared, n)
 
     # --- the prompt cache (server_slot::prompt_save / prompt_load / prompt_clear) ----------
 
-    def save_prompt(self, cache: PromptCache, ctx: Context) -> bool:
+    def save_prompt(self, cache: PromptCache, ctx: KVMemory) -> bool:
         return cache.save(ctx, self.id, self.cache_tokens)
 
-    def load_prompt(self, cache: PromptCache, ctx: Context, tokens: list[int]) -> None:
+    def load_prompt(self, cache: PromptCache, ctx: KVMemory, tokens: list[int]) -> None:
         restored = cache.load(ctx, self.id, self.cache_tokens, tokens)
         if restored is not None:
             self.changed(0)
-            self.cache_tokens, self.n_shared = restored, 0
+            self.cache_tokens, self.cells, self.n_shared = restored, new_cells(len(restored)), 0
             self.n_restored += 1
 
-    def load_cells(self, ctx: Context, tokens: list[int], cells: mmap.mmap | bytearray) -> bool:
+    def load_cells(self, ctx: KVMemory, tokens: list[int], cells: mmap.mmap | bytearray) -> bool:
         """KV cells another context wrote for ``tokens`` (``KVState``) replace this slot's. False: this context could not
         take them, and the slot is empty (disaggregated prefill: llmkit's own)."""
         if not ctx.set_seq_state(self.id, cells):
             self.clear_prompt(ctx)
             return False
         self.changed(0)
-        self.cache_tokens, self.n_shared = list(tokens), 0
+        self.cache_tokens, self.cells, self.n_shared = list(tokens), new_cells(len(tokens)), 0
         return True
 
-    def clear_prompt(self, ctx: Context) -> None:
+    def clear_prompt(self, ctx: KVMemory) -> None:
         ctx.seq_rm(self.id, 0, -1)
         self.changed(0)
-        self.cache_tokens = []
+        self.cache_tokens, self.cells = [], []
         self.n_shared = 0
 
-    def release(self, ctx: Context, *, keep_cache: bool = True) -> None:
+    def release(self, ctx: KVMemory, *, keep_cache: bool = True) -> None:
         """The job leaves (it ended, or was preempted). The KV cache stays for the next request unless ``keep_cache`` is False."""
         self.job = None
         self.t_last_used = time.perf_counter()

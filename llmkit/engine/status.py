@@ -1,4 +1,4 @@
-"""What the engine tells about itself: totals, steps, and a frozen snapshot of its state.
+"""What the engine tells about itself: a frozen snapshot of its state (the totals and steps: ``steps``).
 
 ``Engine.status()`` returns an ``EngineStatus``: values, not live objects, taken by the engine's own
 thread at the end of a turn of its loop, so the server's ``/slots``, ``/metrics`` and ``/props`` and a
@@ -9,103 +9,20 @@ routes here wait in a worker thread, off the event loop.)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from llmkit.engine.config import EngineConfig
 from llmkit.engine.job import Job
+from llmkit.engine.prompt_cache import PromptCache
+from llmkit.engine.request import Request
 from llmkit.engine.slot import Slot
-from llmkit.timings import Timings
+from llmkit.engine.steps import Counters
 
-
-@dataclass
-class Counters:
-    """Engine-wide totals since start (what ``/metrics`` exposes, llama-server's names)."""
-
-    prompt_tokens_total: int = 0  # prompt tokens evaluated (cache hits not included)
-    prompt_seconds_total: float = 0.0
-    prompt_tokens_cached_total: int = 0
-    tokens_predicted_total: int = 0
-    tokens_predicted_seconds_total: float = 0.0
-    n_decode_total: int = 0
-    n_tokens_max: int = 0  # the longest sequence a slot held after a decode (prompt + generation)
-    n_busy_slots_total: int = 0  # summed over decodes: / n_decode_total = busy slots per decode
-    n_tokens_decoded_total: int = 0  # batch sizes summed over decodes
-    batch_prompt_tokens_total: int = 0  # of which prompt tokens ...
-    batch_generated_tokens_total: int = 0  # ... and streams' tokens (the one sampled the step before, and drafts)
-    spec_decode_num_draft_tokens_total: int = 0  # speculation: tokens drafted (llama-server's names) ...
-    spec_decode_num_accepted_tokens_total: int = 0  # ... of which accepted ...
-    spec_decode_num_drafts_total: int = 0  # ... over this many verifications
-    decode_seconds_total: float = 0.0  # time inside llama_decode
-    step_seconds_total: float = 0.0  # whole steps: decode + Python bookkeeping
-    requests_finished_total: int = 0
-    requests_failed_total: int = 0
-    requests_preempted_total: int = 0  # llmkit's own: jobs that left their slot for a request that goes first
-    prompt_tokens_shared_total: int = 0  # llmkit's own (kv_share): prompt tokens whose cells a slot took from another
-
-    def snapshot(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def copy(self) -> Counters:
-        return replace(self)
-
-    def record_finish(self, t: Timings, *, ok: bool) -> None:
-        """A request left its slot: add its timings (llama-server: metrics_on_prediction)."""
-        self.prompt_tokens_total += t.prompt_n
-        self.prompt_seconds_total += t.prompt_ms / 1e3
-        self.prompt_tokens_cached_total += t.cache_n
-        self.tokens_predicted_total += t.predicted_n
-        self.tokens_predicted_seconds_total += t.predicted_ms / 1e3
-        self.requests_finished_total += ok
-
-    def record_failure(self) -> None:
-        self.requests_failed_total += 1
-
-    def record_preemption(self) -> None:
-        self.requests_preempted_total += 1
-
-    def record_share(self, n_tokens: int) -> None:
-        self.prompt_tokens_shared_total += n_tokens
-
-    def record_draft(self, n_drafted: int, n_accepted: int) -> None:
-        self.spec_decode_num_draft_tokens_total += n_drafted
-        self.spec_decode_num_accepted_tokens_total += n_accepted
-        self.spec_decode_num_drafts_total += 1
-
-    def record_step(self, step: StepRecord, n_tokens_longest: int = 0) -> None:
-        """One decode; ``n_tokens_longest``: the most tokens a slot of it holds now (llama-server's n_tokens_max)."""
-        self.n_decode_total += 1
-        self.n_tokens_max = max(self.n_tokens_max, n_tokens_longest)
-        self.n_busy_slots_total += step.n_slots
-        self.n_tokens_decoded_total += step.n_prompt + step.n_generated
-        self.batch_prompt_tokens_total += step.n_prompt
-        self.batch_generated_tokens_total += step.n_generated
-        self.decode_seconds_total += step.decode_seconds
-        self.step_seconds_total += step.seconds
-
-
-class Share(NamedTuple):
-    """One slot's part of a step's batch."""
-
-    slot: int
-    n_tokens: int
-    is_prompt: bool  # prompt tokens (else the token sampled the step before, and its draft)
-    sampled: bool  # the step sampled a token for it
-    n_draft: int = 0  # speculation: of n_tokens, tokens guessed ...
-    n_accepted: int = 0  # ... and of those, the ones the model sampled too (kept in the KV cache)
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One engine step: when, how long, and what its batch held (``Engine.steps`` keeps the last ones)."""
-
-    t: float  # time.perf_counter() at the start of the step
-    seconds: float  # the whole step
-    decode_seconds: float  # of which inside llama_decode
-    n_prompt: int  # prompt tokens in the batch
-    n_generated: int  # tokens of generating slots in the batch (one each, plus drafts)
-    n_slots: int  # slots with a token in the batch
-    batch: tuple[Share, ...] = ()  # who put what in it, in batch order
+STATUS_TAIL = 80  # tokens of each slot's end that a status carries (a picture of the slot shows them as text)
 
 
 @dataclass(frozen=True)
@@ -139,14 +56,16 @@ class SlotStatus:
     n_restored: int  # prompts brought back from the prompt cache
     job: JobStatus | None  # None: idle
     tail: tuple[int, ...] = ()  # the last tokens of its KV cache, and with a job the last it generated (for a picture)
-    n_shared: int = 0  # of n_cached, its first cells that another slot may hold too (kv_share)
+    n_shared: int = 0  # of n_cached, cells another slot holds too (kv_share)
 
     @classmethod
-    def of(cls, slot: Slot, n_tail: int = 0) -> SlotStatus:
+    def of(cls, slot: Slot, n_tail: int = 0, holders: Counter[int] | None = None) -> SlotStatus:
+        """``holders``: how many slots hold each cell (``Cells.holders``), to count this slot's shared cells."""
         job = slot.job
         tail = (job.output if job is not None and job.output else slot.cache_tokens)[-n_tail:] if n_tail else []
         status = JobStatus.of(job) if job is not None else None
-        return cls(slot.id, slot.n_ctx, slot.n_past, slot.n_restored, status, tuple(tail), slot.n_shared)
+        n_shared = sum(holders[cell] > 1 for cell in slot.cells) if holders is not None else 0
+        return cls(slot.id, slot.n_ctx, slot.n_past, slot.n_restored, status, tuple(tail), n_shared)
 
 
 class Waiting(NamedTuple):
@@ -155,6 +74,25 @@ class Waiting(NamedTuple):
     id: int
     n_prompt: int
     priority: int
+
+
+class Cells(NamedTuple):
+    """The KV cells the slots hold, each counted once however many slots hold it (``kv_share``: a prefix's cells are
+    shared, so N requests on one prefix hold one prefix and N suffixes)."""
+
+    used: int = 0  # cells some slot holds
+    shared: int = 0  # of them, held by two slots or more
+    idle: int = 0  # of them, held by idle slots alone: resident for a later request, needed by none running
+
+    @staticmethod
+    def holders(slots: Sequence[Slot]) -> Counter[int]:
+        """How many slots hold each cell."""
+        return Counter(cell for slot in slots for cell in set(slot.cells))
+
+    @classmethod
+    def of(cls, slots: Sequence[Slot], holders: Counter[int]) -> Cells:
+        running = {cell for slot in slots if slot.job is not None for cell in slot.cells}
+        return cls(len(holders), sum(n > 1 for n in holders.values()), len(holders.keys() - running))
 
 
 @dataclass(frozen=True)
@@ -168,6 +106,25 @@ class EngineStatus:
     prompt_cache: dict | None  # PromptCache.to_dict(), None when off
     step: int = 0  # turns of the loop so far (Engine.n_steps)
     t: float = 0.0  # time.perf_counter() when it was taken
+    cells: Cells = field(default_factory=Cells)  # the KV cells the slots hold
+
+    @classmethod
+    def of(
+        cls,
+        config: EngineConfig,
+        slots: Sequence[Slot],
+        waiting: Sequence[Request],
+        counters: Counters,
+        cache: PromptCache | None,
+        step: int,
+    ) -> EngineStatus:
+        """Taken from the engine's live objects, as values (by its thread, between two steps)."""
+        holders = Cells.holders(slots)
+        return cls(
+            config, tuple(SlotStatus.of(slot, STATUS_TAIL, holders) for slot in slots),
+            tuple(Waiting(r.id, len(r.prompt), r.params.priority) for r in waiting), counters.copy(),
+            cache.to_dict() if cache is not None else None, step, time.perf_counter(), Cells.of(slots, holders),
+        )  # fmt: skip
 
     @property
     def n_waiting(self) -> int:

@@ -14,15 +14,16 @@ from llmkit.course.exercises import expect
 from llmkit.course.exercises.core import ENGINE, HIDDEN, LIVE, Chapter, Guard, Wrong, call
 from llmkit.course.exercises.lab import LAB, metric, quiet_engine
 from llmkit.engine.job import Job
+from llmkit.engine.policy import LlamaServerPolicy, Running
 from llmkit.engine.request import Request, RequestParams
-from llmkit.engine.scheduler import Chunk, LlamaServerPolicy, Running, build_batch
+from llmkit.engine.scheduler import Scheduler, build_batch
 from llmkit.engine.slot import Slot
 from llmkit.text import Detokenizer, StopMatcher
 
 CHAPTER = Chapter(4)
 
 
-def busy_slot(slot_id: int, generating: bool, n_prompt: int, *, n_ctx: int = 1024) -> tuple[Slot, Job]:
+def busy_slot(slot_id: int, generating: bool, n_prompt: int, *, n_ctx: int = 1024) -> Running:
     """A slot and the job on it, for a request with an ``n_prompt``-token prompt: still to read, or read and generating."""
     slot, request = Slot(slot_id, n_ctx), Request(list(range(100 + 1000 * slot_id, 100 + 1000 * slot_id + n_prompt)))
     job = Job(request, cast(Any, None), Detokenizer(bytes), StopMatcher(), request.prompt, n_prompt if generating else 0)  # no sampler
@@ -30,24 +31,16 @@ def busy_slot(slot_id: int, generating: bool, n_prompt: int, *, n_ctx: int = 102
     if generating:
         slot.append(request.prompt)
         job.last_token = 7
-    return slot, job
-
-
-def commit(plan: list[Chunk]) -> None:
-    """What ``Engine.commit`` does once the decode has succeeded."""
-    for chunk in plan:
-        chunk.slot.append(chunk.tokens)
-        if chunk.is_prompt:
-            chunk.job.read(len(chunk.tokens))
+    return Running(slot, job)
 
 
 def prompt_steps(n_streams: int, budget: int = 64, n_prompt: int = 300) -> list[int]:
     """The prompt tokens of each step until a newcomer's prompt is read, beside ``n_streams`` generating slots."""
     busy = [busy_slot(i, True, 5) for i in range(n_streams)] + [busy_slot(n_streams, False, n_prompt)]
-    newcomer, steps = busy[-1][1], []
+    newcomer, steps = busy[-1].job, []
     while newcomer.n_prompt_done < n_prompt:
         plan = build_batch(busy, 512, budget)
-        commit(plan)
+        Scheduler.commit(plan)
         steps.append(sum(len(chunk.tokens) for chunk in plan if chunk.is_prompt))
     return steps
 
@@ -149,7 +142,7 @@ class ReferenceFewTokensFirst(LlamaServerPolicy):
         return sorted(waiting, key=lambda r: (tokens_asked(r), r.id))
 
     def prompt_order(self, reading: Sequence[Running]) -> list[Running]:
-        return sorted(reading, key=lambda running: (tokens_asked(running[1].request), running[1].request.id))
+        return sorted(reading, key=lambda running: (tokens_asked(running.job.request), running.job.request.id))
 
 
 def asking(*limits: int) -> list[Request]:
@@ -163,7 +156,7 @@ def reading(*limits: int) -> list[Running]:
     for i, limit in enumerate(limits):
         slot, job = busy_slot(i, False, 10 + 5 * i)
         job.request.params = RequestParams(max_tokens=limit)
-        pairs.append((slot, job))
+        pairs.append(Running(slot, job))
     return pairs
 
 

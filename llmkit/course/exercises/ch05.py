@@ -11,9 +11,9 @@ from llmkit.course import tr
 from llmkit.course.exercises import expect, servers
 from llmkit.course.exercises.core import ENGINE, HIDDEN, LIVE, LLAMA, Chapter, Guard, Wrong, call
 from llmkit.course.exercises.lab import LAB, one_by_one, quiet_engine
+from llmkit.engine.policy import choose_slot
 from llmkit.engine.prompt_cache import MIB, MIN_KEEP, PromptCache
 from llmkit.engine.request import RequestParams
-from llmkit.engine.scheduler import choose_slot
 from llmkit.engine.slot import Slot, common_prefix
 
 CHAPTER = Chapter(5)

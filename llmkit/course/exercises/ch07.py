@@ -15,8 +15,8 @@ from llmkit.course import tr
 from llmkit.course.exercises import expect, servers
 from llmkit.course.exercises.core import ENGINE, HIDDEN, LIVE, LLAMA, SOURCE, Chapter, Guard, Wrong, call
 from llmkit.course.exercises.lab import LAB, metric, one_by_one, quiet_engine, slot_of
+from llmkit.engine.policy import LlamaServerPolicy
 from llmkit.engine.request import Request, RequestParams
-from llmkit.engine.scheduler import LlamaServerPolicy
 from llmkit.engine.slot import Slot, common_prefix
 
 CHAPTER = Chapter(7)
@@ -145,12 +145,12 @@ def measured_decodes() -> list[tuple[str, int, int, int]]:
 
 def plan_steps(n_prompt: int, n_batch: int) -> int:
     """llmkit's build_batch, live: the steps that read an ``n_prompt``-token prompt alone at batch size ``n_batch``."""
-    from llmkit.course.exercises.ch04 import busy_slot, commit
-    from llmkit.engine.scheduler import build_batch
+    from llmkit.course.exercises.ch04 import busy_slot
+    from llmkit.engine.scheduler import Scheduler, build_batch
 
     busy, steps = [busy_slot(0, False, n_prompt, n_ctx=n_prompt + 8)], 0
-    while busy[0][1].prompt_left:
-        commit(build_batch(busy, n_batch, 0))
+    while busy[0].job.prompt_left:
+        Scheduler.commit(build_batch(busy, n_batch, 0))
         steps += 1
     return steps
 

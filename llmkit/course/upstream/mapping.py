@@ -54,13 +54,14 @@ class Counterpart:
 MAP: tuple[Counterpart, ...] = (
     Counterpart("llmkit.engine.engine.Engine.submit", "server_response_reader::post_task", QUEUE,
                 "refuses a prompt too long for a slot before it is queued (llama-server: in pre_decode, once a slot has the task); "
-                "posts to the waiting deque directly, where llama-server posts a task to server_queue",
-                in_upstream="queue_tasks.post(", in_llmkit="self.waiting.append(request)"),
+                "appends to the engine's arrivals, which join the scheduler's queue at the next step, where llama-server posts a "
+                "task to server_queue",
+                in_upstream="queue_tasks.post(", in_llmkit="self.arrivals.append(request)"),
     Counterpart("llmkit.engine.engine.Engine.loop", "server_queue::start_loop", QUEUE,
                 "same shape (take new work, then one update); no idle sleep, no worker thread for yields; "
                 "an idle loop also wakes to publish its status for a reader",
                 in_upstream="condition_tasks.wait_for(", in_llmkit="self._work.wait_for("),
-    Counterpart("llmkit.engine.engine.Engine.admit", "server_context_impl::process_single_task", CONTEXT,
+    Counterpart("llmkit.engine.scheduler.Scheduler.admit", "server_context_impl::process_single_task", CONTEXT,
                 "only the completion case, in the scheduling policy's order: a request with no slot stays in the deque "
                 "(llama-server defers it); a preempting policy can take a running job off its slot (llama-server never does)",
                 in_upstream="launch_slot_with_task(*slot", in_llmkit="self.launch(found.slot, found.request)"),
@@ -71,18 +72,18 @@ MAP: tuple[Counterpart, ...] = (
                 "its SERVER_TASK_TYPE_METRICS case: the slots and counters read on the loop's thread, between two steps, "
                 "for /slots and /metrics; here a snapshot the readers share",
                 in_upstream="SERVER_TASK_TYPE_METRICS", in_llmkit="self._snapshot()"),
-    Counterpart("llmkit.engine.scheduler.choose_slot", "server_context_impl::get_available_slot", CONTEXT,
+    Counterpart("llmkit.engine.policy.choose_slot", "server_context_impl::get_available_slot", CONTEXT,
                 "same rules (id_slot, similarity > 0.1, least recently used), but a request with cache_prompt false "
                 "skips the similarity rule (it reuses no prefix), and of idle slots equally old llmkit takes the first, "
-                "llama-server the last (t_last_used <= t_last); the prompt-cache update is swaps_prompt + Engine.swap_prompt",
+                "llama-server the last (t_last_used <= t_last); the prompt-cache update is swaps_prompt + Scheduler.swap_prompt",
                 in_upstream="f_sim_cur > slot_prompt_similarity", in_llmkit="> SIMILARITY_THRESHOLD"),
     Counterpart("llmkit.engine.scheduler.swaps_prompt", "server_context_impl::get_available_slot", CONTEXT,
                 "its update_cache decision as a pure function (LRU, or similarity with f_keep < 0.5); also no without cache_prompt",
                 in_upstream="f_keep < 0.5f", in_llmkit="< KEEP_THRESHOLD"),
-    Counterpart("llmkit.engine.engine.Engine.swap_prompt", "server_context_impl::get_available_slot", CONTEXT,
+    Counterpart("llmkit.engine.scheduler.Scheduler.swap_prompt", "server_context_impl::get_available_slot", CONTEXT,
                 "the end of it: prompt_save, prompt_load (or nothing), prompt_cache->update",
                 in_upstream="ret->prompt_load(*prompt_cache, task.tokens)", in_llmkit="slot.load_prompt(self.prompt_cache"),
-    Counterpart("llmkit.engine.engine.Engine.save_idle_slots", "server_context_impl::process_single_task", CONTEXT,
+    Counterpart("llmkit.engine.scheduler.Scheduler.save_idle_slots", "server_context_impl::process_single_task", CONTEXT,
                 "its --cache-idle-slots block: idle slots copied to RAM, and cleared on a unified KV cache",
                 in_upstream="params_base.cache_idle_slots", in_llmkit="self.config.cache_idle_slots"),
     Counterpart("llmkit.engine.prompt_cache.PromptCache", "server_prompt_cache", "tools/server/server-task.h",
@@ -116,10 +117,10 @@ MAP: tuple[Counterpart, ...] = (
     Counterpart("llmkit.engine.status.Counters.record_finish", "server_context_impl::metrics_on_prediction", CONTEXT,
                 "the totals of a finished request's timings, in one writer; llama-server also counts prompts as their chunks are read",
                 in_upstream="slot.stats.n_gen", in_llmkit="t.predicted_n"),
-    Counterpart("llmkit.engine.engine.Engine.clear_idle_slot", "server_context_impl::try_clear_idle_slots", CONTEXT,
+    Counterpart("llmkit.engine.scheduler.Scheduler.clear_idle_slot", "server_context_impl::try_clear_idle_slots", CONTEXT,
                 "the same (unified KV only); Engine.decode then retries the whole batch instead of halving it",
                 in_upstream="!params_base.kv_unified", in_llmkit="if self.config.kv_unified"),
-    Counterpart("llmkit.engine.engine.Engine.launch", "server_context_impl::launch_slot_with_task", CONTEXT,
+    Counterpart("llmkit.engine.scheduler.Scheduler.launch", "server_context_impl::launch_slot_with_task", CONTEXT,
                 "also keeps the cached prefix and drops the rest of the KV (Slot.reuse), which llama-server does in pre_decode; "
                 "a preempted job goes on instead of a new one",
                 in_upstream="slot.task = std::make_unique<const server_task>", in_llmkit="slot.job = job"),
@@ -136,7 +137,7 @@ MAP: tuple[Counterpart, ...] = (
     Counterpart("llmkit.engine.engine.Engine.update_slots", "server_context_impl::update_slots", CONTEXT,
                 "one llama_decode per step, planned, then committed to the slots only once it succeeded; "
                 "llama-server splits a batch larger than n_batch and retries smaller ones",
-                in_upstream="pre_decode();", in_llmkit="build_batch(busy"),
+                in_upstream="pre_decode();", in_llmkit="self.scheduler.plan("),
     Counterpart("llmkit.engine.scheduler.build_batch", "server_context_impl::pre_decode", CONTEXT,
                 "the batch building only; pre_decode also shifts context (Slot.shift_context), saves checkpoints, drafts",
                 in_upstream="batch.size() < n_batch", in_llmkit="job.prompt_left[:room]"),
@@ -192,10 +193,10 @@ MAP: tuple[Counterpart, ...] = (
                 in_upstream="res->content = tkn.text_to_send", in_llmkit="job.request.emit("),
     Counterpart("llmkit.engine.engine.Engine.finish", "server_context_impl::send_final_response", CONTEXT,
                 "writes the request's Outcome once (ending, counts, timings); also records the counters and frees the slot",
-                in_upstream="= slot.stop;", in_llmkit="job.request.finish(outcome)"),
+                in_upstream="= slot.stop;", in_llmkit="self.scheduler.end(job.request, outcome, slot)"),
     Counterpart("llmkit.engine.engine.Engine.fail", "server_context_impl::send_error", CONTEXT,
                 "also frees the slot; the HTTP layer shapes the error for its API",
-                in_upstream="server_task_result_error", in_llmkit="self._fail(job.request, error)"),
+                in_upstream="server_task_result_error", in_llmkit="self.scheduler.end(job.request, error, slot"),
     Counterpart("llmkit.engine.slot.Slot", "server_slot", CONTEXT,
                 "the KV sequence half: its id, cached tokens, last use; no LoRA, drafts or checkpoints",
                 in_upstream="server_prompt prompt;", in_llmkit="self.cache_tokens"),
@@ -400,10 +401,10 @@ MAP: tuple[Counterpart, ...] = (
                 "a finished prefill's KV cells for its decode worker, over HTTP, once (kept 60 s in RAM); llama-server's slot save "
                 "(/slots?action=save) writes a slot's cells to a file under --slot-save-path",
                 in_upstream="llama_state_seq_save_file(", in_llmkit="state.handoffs.take(key)"),
-    Counterpart("llmkit.engine.engine.Engine.launch_from", "server_context_impl::process_single_task", CONTEXT,
+    Counterpart("llmkit.engine.scheduler.Scheduler.launch_from", "server_context_impl::process_single_task", CONTEXT,
                 "starts a request from KV cells another server read (disaggregated decode); llama-server's slot restore loads an idle "
                 "slot's cells from a file, with no request",
-                in_upstream="llama_state_seq_load_file(", in_llmkit="slot.load_cells(self.ctx"),
+                in_upstream="llama_state_seq_load_file(", in_llmkit="slot.load_cells(self.memory"),
 )  # fmt: skip
 
 
