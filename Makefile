@@ -33,15 +33,16 @@ $(INSTALLED): pyproject.toml
 install: $(INSTALLED)
 
 # The browser tests drive Debian's Chromium through chromedriver; the book test also needs a font with Japanese
-# glyphs (Noto CJK), else Japanese pages draw boxes ("tofu").
-BROWSER_PACKAGES := chromium chromium-driver fonts-noto-cjk
+# glyphs (Noto CJK), else Japanese pages draw boxes ("tofu"). Bubblewrap (bwrap) is the cage `llmkit exercises grade`
+# runs each submission in (tests/test_classroom.py).
+BROWSER_PACKAGES := chromium chromium-driver fonts-noto-cjk bubblewrap
 browser:
-	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null && fc-list :lang=ja | grep -q .; then :; \
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null && command -v bwrap >/dev/null && fc-list :lang=ja | grep -q .; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
 		echo "Installing Debian's $(BROWSER_PACKAGES) for the browser tests"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BROWSER_PACKAGES) >/dev/null; \
 	else \
-		echo "The browser tests need Chromium and a Japanese font. Run once:  sudo apt-get install -y $(BROWSER_PACKAGES)"; \
+		echo "The browser and grading tests need Chromium, a Japanese font and bubblewrap. Run once:  sudo apt-get install -y $(BROWSER_PACKAGES)"; \
 	fi
 
 # The real llama-server, from the llama.cpp source of the installed llama-cpp-python: built once (~7 min on

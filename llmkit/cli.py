@@ -556,14 +556,15 @@ def exercises_command(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     with course_imports("exercises"):
-        from llmkit.course.exercises import classroom, done
+        from llmkit.course.exercises import cage, classroom, done
 
     if args.action == "student":
         written = classroom.student_edition(Path(args.out), Path(args.notebooks) if args.notebooks else None)
         print(f"{len(written)} notebooks without their solutions in {args.out}/")
     elif args.action == "grade":
         submissions = classroom.grade(Path(args.folder), Path(args.out), cell_timeout=args.cell_timeout, total_timeout=args.timeout)
-        print(f"{len(submissions)} notebooks graded: {Path(args.out) / 'grades.csv'}, {Path(args.out) / 'grades.html'}")
+        out = Path(args.out)
+        print(f"{len(submissions)} notebooks graded: {out / 'grades.csv'}, {out / 'grades.html'} (cage: {cage.kind()})")
     else:
         print(done.text())
     return 0

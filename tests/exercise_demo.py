@@ -17,11 +17,16 @@ def q1(answer) -> str:
     return "six times seven"
 
 
+def reference_double(x: int) -> int:
+    """The reference answer (as the chapters keep theirs): a graded answer may not use it."""
+    return 2 * x
+
+
 @CHAPTER.exercise(2, answers=("double",), compares=(HIDDEN,), writes="a function")
 def q2(double) -> str:
     fn = expect.function("double", double, 1)
     for x in (0, 3, -2, 10**6):
-        if call(fn, x, case=f"double({x})") != 2 * x:
+        if call(fn, x, case=f"double({x})") != reference_double(x):
             raise Wrong(f"double({x}) is not twice {x}")
     return "twice every number"
 

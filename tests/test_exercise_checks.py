@@ -7,23 +7,15 @@ measurements (each measured once, as in a learner's kernel); the model-free chec
 
 from __future__ import annotations
 
-import math
-
-import httpx
 import openai
 import pytest
 
-from llmkit.course import exercises, tr
-from llmkit.course.exercises import ch04, ch05, ch06, done
+from llmkit.course import exercises
+from llmkit.course.exercises import done
+from llmkit.course.exercises.context import names_for
 from llmkit.course.exercises.core import FAIL, PASS, UNANSWERED
 from llmkit.course.exercises.lab import LAB
-from llmkit.engine import Engine, EngineConfig
 from llmkit.engine.policy import LlamaServerPolicy, choose_slot
-from llmkit.engine.prompt_cache import MIB
-from llmkit.engine.request import RequestParams
-from llmkit.engine.scheduler import build_batch
-from llmkit.engine.slot import Slot, common_prefix
-from llmkit.sequential.translator import Translator
 
 import wrong_answers as wrong
 from solutions import answers_of
@@ -41,21 +33,8 @@ def lab(tmp_path_factory):
 
 
 def context(chapter: int) -> dict:
-    """What a chapter's solution cells use from its earlier cells."""
-    if chapter == 10:
-        return {"model": LAB.model()}
-    if chapter == 5:
-        original = ch05.chat_history("My name is Ana and I live in a small house by the sea.")
-        return {"Slot": Slot, "RequestParams": RequestParams, "choose_slot": choose_slot, "common_prefix": common_prefix, "MIB": MIB,
-                "MODEL": LAB.model(), "chat_history": ch05.chat_history, "ORIGINAL": original,
-                "EDITS": {"shortened": ch05.chat_history("My name is Ana.")}}  # fmt: skip
-    from fastapi import Request
-
-    return {
-        "Translator": Translator, "httpx": httpx, "openai": openai, "streamed_for": 5.0, "build_batch": build_batch, "Engine": Engine,
-        "EngineConfig": EngineConfig, "QUESTIONS": ch04.QUESTIONS, "math": math, "tr": tr, "SCHEMA": ch06.SCHEMA,
-        "WEATHER": ch06.WEATHER, "Request": Request,
-    }  # fmt: skip
+    """What a chapter's solution cells use from its earlier cells: what a grading run gives an answer cell."""
+    return names_for(chapter)
 
 
 # (chapter, exercise) -> (wrong answers: a function of the solution's answers, strings a wrong answer's message must not hold)

@@ -3,27 +3,31 @@
     llmkit exercises student OUT                       # notebooks/en and ja without solutions, answer cells as they come
     llmkit exercises grade SUBMISSIONS -o RESULTS      # RESULTS/grades.csv and grades.html: student x exercise
 
-A submission is graded on its answers alone: a fresh kernel runs the chapter's checks on the cells tagged ``answer``
-(what the learner wrote), one exercise after the other, through the same judges as ``ex.qN.check`` (the kit's own
-check cells, not the submission's: a learner cannot change what is checked). Each answer runs on its own, so an
-answer cell must import what it uses (the chapter's exercise section says so). Each cell has a time limit, the whole
-submission another; a kernel that overruns is interrupted, then killed, with the servers its checks started. A
-submission that loops forever, prints megabytes or raises anywhere costs only its own row: pass, fail, not answered
-or error, per exercise.
+A submission is graded on its answers alone (the cells tagged ``answer``), in cages (``cage``: bubblewrap, or a
+weaker fallback the grades say they used). Every notebook is read before any runs. Per submission:
+
+1. its answer cells run in a cage of their own, each in a fresh namespace (the chapter's earlier names it uses are
+   given: ``context``), under the cell's time limit; out come their answers as data, or "code" (``answers``). The
+   chapters' checks are hidden from that cage: the kit's reference answers cannot be imported there;
+2. each exercise's verdict is decided in a fresh caged process, through the same judge as ``ex.qN.check``: values
+   as data, code rebuilt from the statements of the answer cell that define it; an audit hook refuses (and grades as
+   an error) an answer's code that imports the checks, reads their frames or changes the kit (``inside``).
+
+A cell that raises, loops, ignores the interrupt, ends its process or prints megabytes costs only its own exercise;
+nothing a submission does outlives its cage, reaches another submission's file, or reaches the grader.
 """
 
 from __future__ import annotations
 
-import asyncio
-import atexit
 import contextlib
 import csv
 import html
+import importlib.util
 import json
 import os
 import re
 import shutil
-import signal
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -32,14 +36,13 @@ from typing import Any
 
 import nbformat
 
-from llmkit.course.exercises.core import ERROR, PASS, STATUSES, UNANSWERED, VERDICT_KEY, chapter, show
-from llmkit.course.exercises.lab import PIDS_ENV
+from llmkit.course.exercises import cage
+from llmkit.course.exercises.answers import encode, free_names
+from llmkit.course.exercises.core import CHAPTERS, ERROR, PASS, STATUSES, UNANSWERED, chapter
 from llmkit.course.exercises.notebook import ANSWER, CHECK, SOLUTION
 
 CHAPTER_CALL = re.compile(r"exercises\.chapter\((\d+)\)")
 CHECK_CALL = re.compile(r"\bq(\d+)\.check\(")
-OUTPUT_LIMIT = 100_000  # characters a cell may print in a grading run; the rest is dropped
-PREAMBLE_TIMEOUT = 120  # seconds for the kit's own first cell (llmkit's imports on a busy machine), whatever the cells' limit
 
 
 def repository_notebooks() -> Path:
@@ -119,17 +122,54 @@ def answers_by_exercise(nb: Any) -> dict[int, str]:
     return answers
 
 
-PREAMBLE = """\
-import os, sys
-os.environ[{progress_env!r}] = {progress!r}   # a grading run records nothing in anyone's progress
-os.environ[{pids_env!r}] = {pids!r}           # the servers the checks start, for the grader to stop
-sys.path[:0] = {paths!r}
-from llmkit.course.exercises import classroom as _classroom
-_classroom.cap_output({limit})
-_classroom.load_chapters({modules!r})
-"""
+# --- grading: each submission in cages, the verdict outside the learner's process ------------------------------------
 
-CHECK_CELL = "_classroom.graded({chapter}, {number}, globals())"
+OUTPUT_LIMIT = 1_000_000  # bytes any file a caged process writes may hold (its stdout and stderr too): the rest is dropped
+READ_LIMIT = 4_000_000  # bytes of a cage's answers the grader reads
+GRACE = 5  # seconds after a cell's own time limit before its process is killed (a cell that ignores the interrupt)
+GRADER_ENV = "LLMKIT_GRADER"  # in every caged process's environment: the grader's process id (to find what is left, if any)
+STARTUP = 60  # seconds more for a judge's process to start (llmkit's imports on a busy machine)
+
+
+@dataclass
+class Limits:
+    cell: float
+    total: float
+    started: float = field(default_factory=time.monotonic)
+
+    def left(self) -> float:
+        return self.started + self.total - time.monotonic()
+
+
+@dataclass
+class Grading:
+    """What every cage of one class shares: the kit's checks and notebooks, the submissions and the results (hidden)."""
+
+    chapter_files: list[Path]  # the chapters' check modules: hidden while the answers run
+    hidden: list[Path]  # folders no cage may read: the submissions, the results, the kit's notebooks (solutions)
+    modules: dict[int, str]
+    paths: list[str]
+
+    def run(self, command: str, spec: dict, scratch: Path, logs: Path, until: float, *, watch: Path | None = None,
+            cell: float = 0) -> cage.Ran:  # fmt: skip
+        """Run ``inside``'s ``command`` on ``spec`` caged in ``scratch``; stop it at ``until`` (monotonic), or ``cell``
+        seconds + GRACE after the last line of ``watch`` appeared (a cell that ignores its interrupt; STARTUP more before
+        the first)."""
+        (scratch / "spec.json").write_text(json.dumps({**spec, "paths": self.paths, "modules": self.modules}), encoding="utf-8")
+        env = {**os.environ, "LLMKIT_PROGRESS": str(scratch / "progress.json"), GRADER_ENV: str(os.getpid())}
+        seen = {"size": -1, "since": time.monotonic()}
+
+        def deadline() -> bool:
+            now = time.monotonic()
+            if watch is not None and (size := watch.stat().st_size if watch.exists() else 0) != seen["size"]:
+                seen.update(size=size, since=now)
+            allowed = cell + GRACE + (STARTUP if seen["size"] <= 0 else 0)  # the first cell waits for the imports too
+            return now > until or (watch is not None and now > seen["since"] + allowed)
+
+        argv = [sys.executable, "-m", "llmkit.course.exercises.inside", command, str(scratch / "spec.json")]
+        hidden_files = self.chapter_files if command == "answers" else []
+        return cage.run(argv, scratch, logs, env=env, output_limit=OUTPUT_LIMIT, deadline=deadline, hidden_dirs=self.hidden,
+                        hidden_files=hidden_files)  # fmt: skip
 
 
 def load_chapters(modules: dict[int, str]) -> None:
@@ -139,146 +179,129 @@ def load_chapters(modules: dict[int, str]) -> None:
     EXTRA_MODULES.update(modules)
 
 
-def graded(chapter_number: int, number: int, namespace: dict) -> None:
-    """A grading run's check cell: exercise ``number``'s verdict on the names its answer cell defined (missing: not answered)."""
-    ex = chapter(chapter_number).exercises[number]
-    show(ex.verdict(*(namespace.get(name, ...) for name in ex.answers)))
+def context_spec(chapter_number: int, source: str) -> dict:
+    """The chapter's earlier names the answer cell uses: data (made here, sent as JSON) or made in the cage."""
+    from llmkit.course.exercises.context import Elsewhere, chapter_names
+
+    wanted = free_names(source)
+    data, elsewhere = {}, {}
+    for name, give in chapter_names(chapter_number).items():
+        if name in wanted:
+            value = give()
+            if isinstance(value, Elsewhere):
+                elsewhere[name] = [value.module, value.attribute, value.call]
+            else:
+                data[name] = encode(value)
+    return {"context": data, "elsewhere": elsewhere}
 
 
-def cap_output(limit: int) -> None:
-    """At most ``limit`` characters printed per cell (stdout and stderr each): a print loop cannot flood the grader."""
-    import sys
-
-    from IPython import get_ipython
-
-    class Capped:
-        def __init__(self, inner: Any):
-            self.inner, self.left = inner, limit
-
-        def write(self, text: str) -> int:
-            if self.left > 0:
-                self.inner.write(text[: self.left])
-                self.left -= len(text)
-            return len(text)
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.inner, name)
-
-    sys.stdout, sys.stderr = Capped(sys.stdout), Capped(sys.stderr)
-
-    def reset(*_: Any) -> None:
-        sys.stdout.left = sys.stderr.left = limit  # type: ignore[union-attr]
-
-    shell = get_ipython()
-    if shell is not None:
-        shell.events.register("pre_run_cell", reset)
+def read_lines(path: Path) -> list[dict]:
+    """The JSON lines a cage wrote (at most READ_LIMIT bytes; a line that is not a JSON object is skipped)."""
+    if not path.exists():
+        return []
+    with path.open("rb") as f:
+        text = f.read(READ_LIMIT).decode(errors="replace")
+    found = []
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):
+            if isinstance(item := json.loads(line), dict):
+                found.append(item)
+    return found
 
 
-def grading_notebook(nb: Any, chapter_number: int, work: Path, modules: dict[int, str], paths: list[str]) -> tuple[Any, dict]:
-    """The notebook a grading kernel runs: the preamble, then per exercise its answer cell and the kit's check cell.
-    Also returns, per exercise, the indexes of those two cells."""
-    preamble = PREAMBLE.format(
-        progress_env="LLMKIT_PROGRESS", progress=str(work / "progress.json"), pids_env=PIDS_ENV, pids=str(work / "servers.pids"),
-        paths=paths, limit=OUTPUT_LIMIT, modules=modules,
-    )  # fmt: skip
-    cells, where = [nbformat.v4.new_code_cell(preamble)], {}
-    answers = answers_by_exercise(nb)
-    for ex in chapter(chapter_number):
-        answer = answers.get(ex.number)
-        where[ex.number] = (len(cells) if answer is not None else None, len(cells) + (answer is not None))
-        if answer is not None:
-            cells.append(nbformat.v4.new_code_cell(answer))
-        cells.append(nbformat.v4.new_code_cell(CHECK_CELL.format(chapter=chapter_number, number=ex.number)))
-    return nbformat.v4.new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3"}}), where
+def ended(ran: cage.Ran) -> str:
+    if ran.overran:
+        return "it ran over its time limit and ignored the interrupt: its process was killed"
+    return f"it ended its process (exit code {ran.returncode})"
 
 
-def cell_error(cell: Any) -> str | None:
-    for output in cell.get("outputs", []):
-        if output.get("output_type") == "error":
-            if output.get("ename") in ("KeyboardInterrupt", "Timeout"):
-                return "the cell ran over its time limit and was interrupted"
-            return f"{output.get('ename')}: {output.get('evalue')}"[:300]
-    return None
+def collect_answers(grading: Grading, chapter_number: int, cells: list[tuple[int, str, list[str]]], tmp: Path,
+                    limits: Limits) -> dict[int, dict]:  # fmt: skip
+    """Exercise number -> {"answers": name -> encoded} or {"error": why}: the answer cells run caged, in order; a cell
+    that ends or hangs its process costs its own exercise, and the next cells run in a fresh cage."""
+    collected: dict[int, dict] = {}
+    pending, attempt = list(cells), 0
+    while pending and limits.left() > 0:
+        attempt += 1
+        scratch, logs = tmp / f"answers{attempt}", tmp / f"logs-answers{attempt}"
+        scratch.mkdir()
+        logs.mkdir()
+        context: dict[str, dict] = {"context": {}, "elsewhere": {}}
+        for _, source, _ in pending:
+            for key, value in context_spec(chapter_number, source).items():
+                context[key].update(value)
+        spec = {"chapter": chapter_number, "cells": pending, "cell_timeout": limits.cell, **context}
+        ran = grading.run("answers", spec, scratch, logs, time.monotonic() + limits.left(), watch=scratch / "progress", cell=limits.cell)
+        numbers = {number for number, _, _ in pending}
+        for item in read_lines(scratch / "answers.jsonl"):
+            if item.get("number") in numbers and item["number"] not in collected:
+                collected[item["number"]] = item
+        started = [int(n) for n in (scratch / "progress").read_text().split() if n.isdigit()] if (scratch / "progress").exists() else []
+        pending = [cell for cell in pending if cell[0] not in collected]
+        if pending and started and pending[0][0] == started[-1]:
+            collected[pending.pop(0)[0]] = {"error": f"the cell did not finish: {ended(ran)}"}
+        elif pending:
+            why = f"the answers' process could not start: {ended(ran)}: {ran.stderr_tail[-300:]}"
+            collected.update({number: {"error": why} for number, _, _ in pending})
+            break
+    return collected
 
 
-def cell_verdict(cell: Any) -> dict | None:
-    for output in cell.get("outputs", []):
-        if VERDICT_KEY in output.get("metadata", {}):
-            return output["metadata"][VERDICT_KEY]
-    return None
+def judge(grading: Grading, ex: Any, source: str, answers: dict, tmp: Path, limits: Limits) -> Graded:
+    """Exercise ``ex``'s verdict on ``answers``, decided in a fresh caged process (never the one that ran the answers)."""
+    scratch, logs = tmp / f"judge{ex.number}", tmp / f"logs-judge{ex.number}"
+    scratch.mkdir()
+    logs.mkdir()
+    spec = {"chapter": ex.chapter, "number": ex.number, "answers": answers, "source": source, "cell_timeout": limits.cell,
+            **context_spec(ex.chapter, source)}  # fmt: skip
+    until = time.monotonic() + min(limits.left(), limits.cell + STARTUP)
+    ran = grading.run("judge", spec, scratch, logs, until)
+    found = read_lines(scratch / "verdict.json")
+    if ran.returncode == 0 and found and found[0].get("status") in STATUSES and isinstance(found[0].get("message"), str):
+        return Graded(found[0]["status"], found[0]["message"][:2000])
+    if ran.overran:
+        return Graded(ERROR, "no verdict: the check (and the answer's code in it) ran over the time limit")
+    why = f"the check's process ended (exit code {ran.returncode}): the answer's code ended it, or the check broke"
+    return Graded(ERROR, f"no verdict: {why}")
 
 
-def results_of(run: Any, where: dict, chapter_number: int) -> dict[str, Graded]:
-    results = {}
-    for number, (answer_at, check_at) in where.items():
-        key = f"{chapter_number}.{number}"
-        if answer_at is not None and (error := cell_error(run.cells[answer_at])) is not None:
-            results[key] = Graded(ERROR, f"answer cell: {error}")
-        elif (verdict := cell_verdict(run.cells[check_at])) is not None:
-            results[key] = Graded(verdict["status"], verdict["message"])
-        else:
-            results[key] = Graded(ERROR, cell_error(run.cells[check_at]) or "no verdict: the check ran over the time limit")
-    return results
-
-
-async def execute(run: Any, work: Path, cell_timeout: float, total_timeout: float) -> None:
-    """Run ``run`` in a fresh kernel: each cell within ``cell_timeout`` (then interrupted, its error recorded, the next
-    cell runs), the whole within ``total_timeout`` (then the kernel is killed). Cells not reached keep no outputs."""
-    from nbclient import NotebookClient
-    from nbclient.util import ensure_async
-
-    preamble = run.cells[0]
-    client = NotebookClient(
-        run, timeout_func=lambda cell: int(max(cell_timeout, PREAMBLE_TIMEOUT) if cell is preamble else cell_timeout),
-        kernel_name="python3", allow_errors=True, interrupt_on_timeout=True,
-        error_on_timeout={"ename": "Timeout", "evalue": f"the cell ran over {cell_timeout:.0f} s and was interrupted", "traceback": []},
-        resources={"metadata": {"path": str(work)}}, record_timing=False,
-    )  # fmt: skip
-    try:
-        await asyncio.wait_for(client.async_execute(), total_timeout)
-    except TimeoutError:
-        pass
-    except Exception:  # noqa: BLE001 -- a dead kernel (a submission that exits or crashes it) costs its own row: results_of reports it
-        pass
-    finally:
-        if client.km is not None:
-            with contextlib.suppress(Exception):
-                await ensure_async(client.km.shutdown_kernel(now=True))
-        atexit.unregister(client._cleanup_kernel)  # a run cut short leaves nbclient's own clean-up for the exit: done here
-        stop_servers(work / "servers.pids")
-
-
-def stop_servers(pids: Path) -> None:
-    """Stop the servers a grading kernel's checks started (their process ids, one a line)."""
-    if not pids.exists():
-        return
-    for line in pids.read_text().split():
-        with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
-            os.killpg(int(line), signal.SIGTERM)  # launch.start puts each server in a session of its own
-    time.sleep(1)
-    for line in pids.read_text().split():
-        with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
-            os.killpg(int(line), signal.SIGKILL)
-
-
-def grade_one(
-    path: Path, student: str, *, cell_timeout: float, total_timeout: float, modules: dict[int, str], paths: list[str]
-) -> Submission:
-    t0 = time.perf_counter()
-    try:
-        nb = nbformat.read(path, as_version=4)
-    except Exception as exc:  # noqa: BLE001 -- an unreadable file is that student's error, not the class's
-        return Submission(student, path, None, {"?": Graded(ERROR, f"not a notebook: {exc}")})
+def grade_one(nb: Any, path: Path, student: str, grading: Grading, limits: Limits) -> Submission:
     chapter_number = chapter_of(nb, path)
     if chapter_number is None:
         return Submission(student, path, None, {"?": Graded(ERROR, "no exercises.chapter(N) in it")})
-    load_chapters(modules)
+    ch, sources = chapter(chapter_number), answers_by_exercise(nb)
+    cells = [(ex.number, sources[ex.number], list(ex.answers)) for ex in ch if ex.number in sources]
+    results = {}
     with tempfile.TemporaryDirectory(prefix="llmkit-grade-") as tmp:
-        work = Path(tmp)
-        run, where = grading_notebook(nb, chapter_number, work, modules, paths)
-        asyncio.run(execute(run, work, cell_timeout, total_timeout))
-        results = results_of(run, where, chapter_number)
-    return Submission(student, path, chapter_number, results, time.perf_counter() - t0)
+        collected = collect_answers(grading, chapter_number, cells, Path(tmp), limits)
+        for ex in ch:
+            key, found = f"{chapter_number}.{ex.number}", collected.get(ex.number, {})
+            if "error" in found:
+                results[key] = Graded(ERROR, f"answer cell: {found['error']}")
+            elif not found or all(v == {"ellipsis": True} for v in found.get("answers", {}).values()):
+                results[key] = Graded(UNANSWERED, ex.verdict(*[...] * len(ex.answers)).message)
+            elif limits.left() <= 0:
+                results[key] = Graded(ERROR, "no verdict: the submission ran over its total time limit")
+            else:
+                results[key] = judge(grading, ex, sources[ex.number], found.get("answers", {}), Path(tmp), limits)
+    return Submission(student, path, chapter_number, results, time.monotonic() - limits.started)
+
+
+def read_all(folder: Path) -> list[tuple[Path, Any]]:
+    """Every notebook under ``folder`` read now, before any runs (no submission can change another's), or the error."""
+    found = []
+    for path in sorted(p for p in folder.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts):
+        try:
+            found.append((path, nbformat.read(path, as_version=4)))
+        except Exception as exc:  # noqa: BLE001 -- an unreadable file is that student's error, not the class's
+            found.append((path, exc))
+    return found
+
+
+def chapter_files(modules: dict[int, str]) -> list[Path]:
+    """The files of the chapters' checks (``chNN.py``, a class's own modules): what an answers' cage must not read."""
+    names = [f"llmkit.course.exercises.ch{n:02d}" for n in CHAPTERS] + list(modules.values())
+    return [Path(spec.origin) for name in names if (spec := importlib.util.find_spec(name)) is not None and spec.origin]
 
 
 def grade(
@@ -287,12 +310,17 @@ def grade(
 ) -> list[Submission]:  # fmt: skip
     """Grade every notebook under ``folder`` (the student: its path, without ``.ipynb``; a notebook named after the chapter
     in a student's folder: that folder), write ``out/grades.csv`` and ``out/grades.html``; return the submissions."""
+    modules = modules or {}
+    load_chapters(modules)
+    grading = Grading(chapter_files(modules), [folder.resolve(), out.resolve(), repository_notebooks().resolve()], modules, paths or [])
     submissions = []
-    for path in sorted(p for p in folder.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts):
+    for path, nb in read_all(folder):
         relative = path.relative_to(folder).with_suffix("")
         student = str(relative.parent) if re.match(r"\d+_", relative.name) and relative.parent != Path(".") else str(relative)
-        submissions.append(grade_one(path, student, cell_timeout=cell_timeout, total_timeout=total_timeout, modules=modules or {},
-                                     paths=paths or []))  # fmt: skip
+        if isinstance(nb, Exception):
+            submissions.append(Submission(student, path, None, {"?": Graded(ERROR, f"not a notebook: {nb}")}))
+        else:
+            submissions.append(grade_one(nb, path, student, grading, Limits(cell_timeout, total_timeout)))
     out.mkdir(parents=True, exist_ok=True)
     write_csv(submissions, out / "grades.csv")
     write_html(submissions, out / "grades.html", folder)
@@ -343,17 +371,19 @@ def write_html(submissions: list[Submission], path: Path, folder: Path) -> None:
     legend = " · ".join(STATUSES)
     style = "body{font-family:sans-serif} table{border-collapse:collapse} td,th{border:1px solid #ccc;padding:0.2em 0.6em;text-align:left}"
     statuses = json.dumps({s: {k: r.status for k, r in res.items()} for s, res in rows(submissions).items()})
+    statuses = statuses.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")  # JSON still, never a tag
     path.write_text(
         f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Exercises graded</title>
 <style>{style}</style>
 </head><body>
 <h1>Exercises graded</h1>
-<p>{html.escape(str(folder))}: {len(submissions)} notebooks. Each cell: {legend} (hover for what differs).</p>
+<p>{html.escape(str(folder))}: {len(submissions)} notebooks, each graded in a cage: {html.escape(cage.kind())}.
+Each cell: {legend} (hover for what differs).</p>
 <table><tr><th>student</th>{head}<th>passed</th></tr>
 {chr(10).join(body)}
 </table>
-<script type="application/json" id="grades">{html.escape(statuses)}</script>
+<script type="application/json" id="grades">{statuses}</script>
 </body></html>
 """,
         encoding="utf-8",

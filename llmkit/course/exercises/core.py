@@ -15,15 +15,19 @@ with its answer cells empty (nbval).
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import dis
 import html
 import importlib
 import inspect
 import json
+import signal
+import textwrap
+import threading
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,13 +101,41 @@ class Guard:
             raise TheirError(self.case, self.error)
 
 
+class TimeLimit(BaseException):
+    """A check ran over its time limit (a BaseException: the learner's ``except Exception`` does not swallow it)."""
+
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise ``TimeLimit`` in the block after ``seconds`` (SIGALRM: the main thread only; elsewhere no limit)."""
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def overran(*_: Any) -> None:
+        raise TimeLimit(seconds)
+
+    previous = signal.signal(signal.SIGALRM, overran)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 # --- not answered yet --------------------------------------------------------------------------------------------
 
 
 def is_stub(fn: Any) -> bool:
-    """A function whose body does nothing (``...``, ``pass``, a docstring): the answer cell's template."""
+    """A function whose body does nothing (``...``, ``pass``, a docstring): the answer cell's template. A body that
+    says ``return None`` is an answer (None means something in some exercises): read from its source where it has one."""
     if not inspect.isfunction(fn):
         return False
+    with suppress(OSError, TypeError, SyntaxError, IndexError):
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+        if isinstance(tree, ast.FunctionDef | ast.AsyncFunctionDef):
+            return all(isinstance(s, ast.Pass) or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)) for s in tree.body)
     ops = [(i.opname, i.argval) for i in dis.get_instructions(fn) if i.opname not in ("RESUME", "NOP", "CACHE")]
     return ops in ([("LOAD_CONST", None), ("RETURN_VALUE", None)], [("RETURN_CONST", None)])
 
@@ -212,6 +244,7 @@ class Exercise:
     judge: Judge
     learner_writes: str = ""  # what the learner writes, for the list of exercises (README, report)
     hints_shown: int = field(default=0, repr=False)
+    timeout: float = 600  # seconds a check may run (its servers started on a busy machine, then the learner's code)
 
     @property
     def name(self) -> str:
@@ -229,7 +262,13 @@ class Exercise:
             message = tr("replace the ... in {names} with your answer", names=", ".join(missing))
             return Verdict(self.chapter, self.number, UNANSWERED, message + self.hint_pointer())
         try:
-            note = self.judge(*answers)
+            with time_limit(self.timeout):
+                note = self.judge(*answers)
+        except TimeLimit:
+            message = tr("the check stopped after {seconds:.0f} s: does your code loop forever?", seconds=self.timeout)
+            return Verdict(self.chapter, self.number, ERROR, message)
+        except KeyboardInterrupt:
+            return Verdict(self.chapter, self.number, ERROR, tr("the check was interrupted before it could decide"))
         except Wrong as wrong:
             return Verdict(self.chapter, self.number, FAIL, str(wrong) + self.hint_pointer())
         except TheirError as theirs:

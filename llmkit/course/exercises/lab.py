@@ -4,23 +4,19 @@ A learner checks an answer, changes it, checks again: the second check finds the
 running (``LAB.server("slots", "-np", "2")`` returns the one started before with the same flags). Everything stops
 when the kernel exits (``atexit``), or at ``LAB.close()`` (the tests, at the end of a module).
 
-A grading run (``classroom.grade``) sets ``LLMKIT_EXERCISE_PIDS`` to a file: every server started here writes its
-process id there, so the grader can stop the servers of a kernel it had to kill.
+In a grading run (``classroom.grade``) the servers a check starts run in its cage, and end with it.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
 from llmkit.course import launch
-
-PIDS_ENV = "LLMKIT_EXERCISE_PIDS"
 
 
 class Lab:
@@ -47,9 +43,6 @@ class Lab:
             server = self._servers.get(key)
             if server is None or not server.running():
                 server = self._servers[key] = launch.start(kind, *flags)
-                if path := os.environ.get(PIDS_ENV):
-                    with open(path, "a") as f:
-                        f.write(f"{server.process.pid}\n")
             return server
 
     def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
