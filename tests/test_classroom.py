@@ -58,9 +58,8 @@ SUBMISSIONS = {  # student -> (exercise 1's answer cell, exercise 2's)
         "    core.Exercise.verdict = lambda self, *a: core.Verdict(self.chapter, self.number, core.PASS, 'correct')\n    return x",
     ),
     "saboteur": (
-        "import glob, nbformat\nfor path in glob.glob(" + repr(f"{SUBMISSIONS_DIR}/victim*") + "):\n"
-        "    nb = nbformat.read(path, as_version=4)\n    for cell in nb.cells:\n        cell.source = 'answer = ...'\n"
-        "    nbformat.write(nb, path)\nanswer = 42",
+        "import glob\nfor path in glob.glob(" + repr(f"{SUBMISSIONS_DIR}/*.ipynb") + "):\n"
+        "    if 'victim' in path:\n        open(path, 'w').write('{}')\nanswer = 42",
         "def double(x):\n    return 2 * x",
     ),
     "flood": (
@@ -77,9 +76,14 @@ SUBMISSIONS = {  # student -> (exercise 1's answer cell, exercise 2's)
         "from exercise_demo import q1\nanswer = 6 * 7 if q1 else 0",
         "def double(x):\n    import exercise_demo\n    return exercise_demo.reference_double(x)",
     ),
+    "walker": (
+        "answer = 42",
+        "def double(x):\n    kit = [c for c in object.__subclasses__() if c.__name__ == 'Chapter'][0]\n"
+        "    return kit.exercise.__globals__['chapter'](99).q2.judge.__globals__['reference_double'](x)",
+    ),
     "spy": (
         "answer = 0",
-        "import inspect\n\n\ndef double(x):\n    for info in inspect.stack():\n        info.frame.f_globals['Wrong'] = None\n    return x",
+        "import inspect\n\n\ndef double(x):\n    for info in inspect.stack():\n        print(info.frame.f_code.co_names)\n    return x",
     ),
 }
 CELL_TIMEOUT, TOTAL_TIMEOUT = 4, 15
@@ -99,6 +103,7 @@ EXPECTED = {
     "daemon": ["pass", "error"],  # the daemon dies with the cage; os._exit in the judge is no verdict
     "cheat": ["error", "error"],  # the reference is not in the answers' cage, and the judge refuses its import
     "spy": ["fail", "error"],
+    "walker": ["pass", "error"],
 }
 
 
@@ -174,12 +179,34 @@ def test_the_grades_say_which_cage_and_why_a_hostile_row_lost(graded):
     by_student = {s.student: s.results for s in submissions}
     assert "reached into the kit's checks" in by_student["tamper"]["99.2"].message
     assert "import the kit's checks" in by_student["cheat"]["99.2"].message
-    assert "frames" in by_student["spy"]["99.2"].message
+    assert "frames" in by_student["spy"]["99.2"].message and "a way into them" in by_student["walker"]["99.2"].message
     assert "ended its process (exit code 3)" in by_student["killer"]["99.1"].message
     assert "File too large" in by_student["flood"]["99.1"].message
     assert "no verdict" in by_student["daemon"]["99.2"].message
     page = (out / "grades.html").read_text()
     assert cage.kind() in page and json.loads(page.split('id="grades">')[1].split("</script>")[0])["victim"]["99.1"] == "pass"
+
+
+FALLBACK = ("correct", "victim", "natural", "daemon", "flood", "cheat", "tamper")
+
+
+def test_the_fallback_where_bubblewrap_cannot_run(tmp_path, monkeypatch):
+    """The weaker cage (a process group, marked processes killed after): the same rows for what it can hold."""
+    folder = tmp_path / "submissions"
+    folder.mkdir()
+    for student in FALLBACK:
+        nbformat.write(demo_notebook(*SUBMISSIONS[student]), folder / f"{student}.ipynb")
+    monkeypatch.setenv(cage.CAGE_ENV, "process-group")
+    cage.bwrap_works.cache_clear()
+    try:
+        submissions = classroom.grade(folder, tmp_path / "grades", cell_timeout=CELL_TIMEOUT, total_timeout=TOTAL_TIMEOUT,
+                                      modules={99: "exercise_demo"}, paths=[str(Path(__file__).parent)])  # fmt: skip
+        assert cage.FALLBACK in (tmp_path / "grades" / "grades.html").read_text()
+    finally:
+        monkeypatch.delenv(cage.CAGE_ENV)
+        cage.bwrap_works.cache_clear()
+    assert {s.student: [r.status for r in s.results.values()] for s in submissions} == {s: EXPECTED[s] for s in FALLBACK}
+    assert not caged_processes()  # the setsid daemon too
 
 
 def test_a_grading_run_records_nothing_in_the_graders_progress(graded, tmp_path, monkeypatch):

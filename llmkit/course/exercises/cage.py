@@ -13,9 +13,10 @@ With bubblewrap (``bwrap``, Debian's ``bubblewrap``), where the kernel lets it m
 
 Where bubblewrap is missing or refused (no user namespaces): the **weaker** fallback, said so in the grades. A session
 and process group of its own (``setsid``), the same output cap, a scratch folder as its working directory, every
-process of the group killed after it, and a scan of the process table for anything of its session left. It reads
-and writes what the grader's user can: a determined submission can still touch files, the network, and a daemon that
-leaves its session escapes the clean-up.
+process of the group killed after it, then every process still carrying the run's mark in its environment. It reads
+and writes what the grader's user can: a determined submission can still touch files, use the network, signal the
+grader (``os.kill(os.getppid(), 9)`` ends the whole run), and a daemon that clears its environment escapes the
+clean-up. ``LLMKIT_CAGE=process-group`` forces it (to try it where bubblewrap works).
 """
 
 from __future__ import annotations
@@ -28,18 +29,20 @@ import shutil
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+CAGE_ENV = "LLMKIT_CAGE"  # the fallback's mark on every process of one run; "process-group" here forces the fallback
 BUBBLEWRAP = "bubblewrap"
-FALLBACK = "process group (weaker: no namespaces, the grader's own file and network rights)"
+FALLBACK = "process group (weaker: no namespaces, the same file and network rights as the grader)"
 
 
 @functools.cache
 def bwrap_works() -> bool:
-    """Is ``bwrap`` installed, and may it make the namespaces the cage needs here?"""
-    if shutil.which("bwrap") is None:
+    """Is ``bwrap`` installed, and may it make the namespaces the cage needs here (and is the fallback not asked for)?"""
+    if shutil.which("bwrap") is None or os.environ.get(CAGE_ENV) == "process-group":
         return False
     probe = subprocess.run([*bwrap_argv(Path("/tmp"), [], []), "/bin/true"], capture_output=True, timeout=30, check=False)
     return probe.returncode == 0
@@ -90,8 +93,9 @@ def run(
 ) -> Ran:  # fmt: skip
     """Run ``argv`` caged, its working folder ``scratch`` (the one place it may write), stdout and stderr to files in
     ``logs`` (outside the cage's reach); stop it when ``deadline()`` says so (polled); nothing of it is left after."""
-    caged = bwrap_works()
+    caged, mark = bwrap_works(), uuid.uuid4().hex
     full = [*bwrap_argv(scratch, hidden_dirs, hidden_files), *argv] if caged else argv
+    env = {**env, CAGE_ENV: mark}
     with open(logs / "stdout", "wb") as out, open(logs / "stderr", "wb") as err:
         process = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=scratch, env=env,
                                    preexec_fn=capped(output_limit), close_fds=True)  # noqa: PLW1509  # fmt: skip
@@ -103,32 +107,31 @@ def run(
                     break
                 time.sleep(0.1)
         finally:
-            end(process, caged)
+            end(process, caged, mark)
     with open(logs / "stderr", "rb") as f:
         f.seek(max(0, os.path.getsize(logs / "stderr") - 2000))
         tail = f.read().decode(errors="replace")
     return Ran(None if overran else process.returncode, overran, tail)
 
 
-def end(process: subprocess.Popen, caged: bool) -> None:
+def end(process: subprocess.Popen, caged: bool, mark: str) -> None:
     """Kill ``process`` and everything it started. Caged: killing bwrap ends its pid namespace (the kernel kills every
-    process in it). The fallback: its process group, then any process still in its session."""
+    process in it). The fallback: its process group, then any process that still carries this run's ``mark`` in its
+    environment (a child that left the group or the session; one that also cleared its environment escapes)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL) if not caged else process.kill()
     process.wait()
     if not caged:
-        for pid in session_members(process.pid):
+        for pid in marked(mark):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
 
 
-def session_members(session: int) -> list[int]:
-    """The processes whose session is ``session`` (a child that left the process group but kept the session)."""
-    found = []
+def marked(mark: str) -> list[int]:
+    """The processes whose environment holds ``CAGE_ENV=mark``."""
+    wanted, found = f"{CAGE_ENV}={mark}".encode(), []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[3]) == session:
-                    found.append(int(entry.name))
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and wanted in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
     return found

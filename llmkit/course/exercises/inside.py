@@ -2,17 +2,21 @@
 
 ``answers``: a submission's answer cells, each in a fresh namespace (the chapter's earlier names it uses, nothing of
 the other cells), under the cell's time limit; after each, its answers as data (``answers.encode``), or marked as code,
-one JSON line in ``answers.jsonl``. The chapters' checks are not in this cage (hidden by it): nothing here decides.
+one JSON line in ``answers.jsonl``. The chapters' checks are not in this cage (hidden by it; the audit hook below
+refuses their import, and a change to the kit, where the fallback cannot hide them): nothing here decides.
 
 ``judge``: one exercise's verdict, in a fresh process, on those answers: data decoded, code rebuilt from the statements
 of the answer cell that define it (``answers.slice_for``). Before the learner's code runs, the kit's check modules
 leave ``sys.modules`` and an audit hook (which nothing can remove) watches: a fresh import of them, a look at the
-checks' frames or objects, a change to the kit's functions or classes, from the learner's code, is refused and makes
-the verdict an error that says so; the verdict's file cannot be opened but by the judge. The verdict: ``verdict.json``.
+checks' frames or objects, a change to the kit's functions, from the learner's code, is refused and makes the verdict
+an error that says so; the verdict's file cannot be opened but by the judge. The verdict: ``verdict.json``. What
+Python 3.11 does not audit (``__subclasses__``, ``__globals__``, ``f_back``: a walk from any object to the checks'
+globals) is refused on sight in the answer's source (``introspects``); a name built at run time still gets through.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import json
@@ -32,6 +36,20 @@ KIT_CHECKS = "llmkit.course.exercises"
 FRAMES = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back", "f_globals", "f_locals"}
 SPYING = {"sys._current_frames", "gc.get_objects", "gc.get_referrers", "gc.get_referents"}
 PATHS = {"open", "os.rename", "os.replace", "os.link", "os.symlink", "os.truncate", "os.remove", "shutil.move"}
+
+
+# what Python 3.11 does not audit, read from the source instead: a way from any object to the checks' globals
+INTROSPECTION = {"__subclasses__", "__globals__", "__builtins__", "__closure__", "__base__", "__bases__", "__mro__", "f_globals",
+                 "f_locals", "f_back", "gi_frame", "tb_frame", "cr_frame"}  # fmt: skip
+
+
+def introspects(source: str) -> str | None:
+    """The first of INTROSPECTION ``source`` names (an attribute, or a string such as getattr's), if any."""
+    for node in ast.walk(ast.parse(source)):
+        name = node.attr if isinstance(node, ast.Attribute) else node.value if isinstance(node, ast.Constant) else None
+        if isinstance(name, str) and name in INTROSPECTION:
+            return name
+    return None
 
 
 def learner_file(filename: str) -> bool:
@@ -78,6 +96,7 @@ def answer_values(spec: dict, number: int, source: str, names: list[str]) -> dic
 
 
 def run_answers(spec: dict) -> None:
+    watch(None, list(spec["modules"].values()))  # the checks are not in this cage (bubblewrap); nor importable (the fallback)
     for number, source, names in spec["cells"]:
         with open("progress", "a") as f:
             f.write(f"{number}\n")  # the grader reads which cell runs (a cell that ends the process is that one)
@@ -101,11 +120,11 @@ def kit_object(target: Any) -> bool:
     return str(getattr(target, "__module__", "")).startswith("llmkit")
 
 
-def watch(result: Path, extra_modules: list[str]) -> tuple[list[str], Callable[[], None]]:
+def watch(result: Path | None, extra_modules: list[str]) -> tuple[list[str], Callable[[], None]]:
     """The audit hook: (what the learner's code was refused, a function that lets the judge write ``result`` once)."""
     refused: list[str] = []
     state = {"inside": False, "writer": False}
-    guarded = str(result.resolve())
+    guarded = str(result.resolve()) if result is not None else None
 
     def refuse(what: str) -> None:
         refused.append(what)
@@ -178,6 +197,8 @@ def judge(spec: dict) -> None:
 def judged(ex: Any, spec: dict, refused: list[str]) -> dict:
     code = [name for name, value in spec["answers"].items() if value == {"code": True}]
     values = {name: decode(value) for name, value in spec["answers"].items() if name not in code}
+    if code and (found := introspects(spec["source"])) is not None:
+        return {"status": ERROR, "message": f"the answer reached into the kit's checks: its code reads {found}, a way into them"}
     if code:
         namespace = namespace_for(spec, f"answer_{ex.chapter}_{ex.number}")
         try:
