@@ -27,6 +27,10 @@ The parts:
     lab        the model, servers and measurements the checks share, started once
     done       which exercises are done: the per-user file, the widget (``progress()``), ``llmkit exercises``
     classroom  a student edition of the notebooks, and a class's notebooks graded (``llmkit exercises student|grade``)
+    cage       the sandbox a graded submission runs in (bubblewrap, or a weaker fallback)
+    inside     what runs in the cage: a submission's answers, then each verdict in a fresh process
+    answers    an answer cell as data: its values as JSON, the statements that define its code
+    context    the names a chapter sets up before its exercises, given to an answer cell run alone
     ch01 ... ch10   each chapter's checks
 """
 

@@ -172,7 +172,7 @@ A, B, C = seq(1000, 100), seq(2000, 60), seq(3000, 40)
 ENTRY_CASES = [
     ("an empty slot, one entry that starts the prompt", [A], [], A[:80] + seq(7000, 10)),
     ("the slot already holds the prompt's start", [B], A[:90], A[:95]),
-    ("two entries: the longer match wins", [A[:30], A[:70]], [], A[:90]),
+    ("two entries, each kept whole: the longer match does not win", [A[:30], A[:70]], [], A[:90]),
     ("an entry that would keep under a quarter of itself", [A], [], A[:20] + seq(7000, 30)),
     ("an entry that would keep exactly a quarter of itself", [A[:80]], [], A[:20] + seq(7000, 30)),
     ("a better match, but it keeps less of itself than the slot keeps", [A[:60] + B], A[:40] + C, A[:50] + seq(7000, 5)),

@@ -40,6 +40,19 @@ DATE = re.compile(r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])")
 DATE_QUESTIONS = ["When did the Titanic sink?", "When was the Eiffel Tower finished?", "What is the date of New Year's Day 2000?"]
 
 
+def unseen_dates(n: int = 8) -> list[str]:
+    """``n`` valid dates drawn now (years 1000-2999, any month, any day it has): a grammar that lists dates misses them."""
+    import calendar
+    import random
+
+    draw = random.Random()
+    dates = []
+    for _ in range(n):
+        year, month = draw.randrange(1000, 3000), draw.randrange(1, 13)
+        dates.append(f"{year:04d}-{month:02d}-{draw.randrange(1, calendar.monthrange(year, month)[1] + 1):02d}")
+    return dates
+
+
 def ask_with(url: str, grammar: str, question: str, seed: int) -> dict:
     body = {"messages": [{"role": "user", "content": question}], "max_tokens": 16, "temperature": 0.8, "seed": seed, "grammar": grammar}
     answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600)
@@ -57,7 +70,8 @@ def q1(ISO_DATE) -> str:
         grammar = compile(Gbnf(text), LAB.model())
     except GrammarError as exc:
         raise Wrong(tr("llmkit refuses the grammar: {error}", error=exc)) from None
-    for date in VALID_DATES:
+    valid = [*VALID_DATES, *unseen_dates()]
+    for date in valid:
         if not accepts(grammar, date):
             raise Wrong(tr("your grammar refuses the date {date}", date=date))
     for wrong in INVALID_DATES:
@@ -70,7 +84,7 @@ def q1(ISO_DATE) -> str:
             raise Wrong(tr("{server}, asked {question!r} with your grammar, answered {answer!r} ({reason})", server=server,
                            question=question, answer=choice["message"]["content"], reason=choice["finish_reason"]))  # fmt: skip
     return tr("{valid} dates accepted, {invalid} look-alikes refused, and {n} answers of both servers at temperature 0.8, every "
-              "one a date that ended the answer", valid=len(VALID_DATES), invalid=len(INVALID_DATES), n=len(asked))  # fmt: skip
+              "one a date that ended the answer", valid=len(valid), invalid=len(INVALID_DATES), n=len(asked))  # fmt: skip
 
 
 # --- exercise 2: a range the grammar can enforce ----------------------------------------------------------------------
