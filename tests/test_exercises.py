@@ -8,7 +8,9 @@ in fresh kernels is tests/test_classroom.py's.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -27,6 +29,7 @@ from llmkit.course.exercises.core import (
     SERVER,
     UNANSWERED,
     VERDICT_KEY,
+    Exercise,
     Wrong,
     extra_chapter,
     unanswered,
@@ -116,6 +119,11 @@ class RealClass:
         return text
 
 
+def keeps_what_the_slot_holds(entries, held, prompt):
+    """None is an answer here (5.4, 7.5): said, not left as the template."""
+    return None
+
+
 def test_an_answer_is_not_given_while_it_is_the_templates_ellipsis():
     for value in (
         ...,
@@ -143,8 +151,23 @@ def test_an_answer_is_not_given_while_it_is_the_templates_ellipsis():
         len,
         StopMatcher,
         LlamaServerPolicy,
+        keeps_what_the_slot_holds,
     ):
         assert not unanswered(value), value
+
+
+def test_a_check_stops_code_that_loops_forever_with_a_verdict(demo):
+    def double(x):
+        while True:  # swallows what it can: the time limit is no Exception
+            with contextlib.suppress(Exception):
+                time.sleep(0.05)
+
+    demo.q2.timeout = 0.5
+    try:
+        verdict = demo.q2.verdict(double)
+    finally:
+        demo.q2.timeout = Exercise.timeout
+    assert verdict.status == ERROR and "loop forever" in verdict.message, verdict
 
 
 def test_an_empty_answer_is_not_answered_yet_and_records_nothing(demo, progress_file, capsys):

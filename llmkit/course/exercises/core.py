@@ -25,6 +25,7 @@ import json
 import signal
 import textwrap
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -107,21 +108,25 @@ class TimeLimit(BaseException):
 
 @contextmanager
 def time_limit(seconds: float) -> Iterator[None]:
-    """Raise ``TimeLimit`` in the block after ``seconds`` (SIGALRM: the main thread only; elsewhere no limit)."""
-    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+    """Raise ``TimeLimit`` in the block after ``seconds`` (SIGALRM: the main thread only; elsewhere no limit). An alarm
+    already set (pytest-timeout's) is kept: it goes off first if it is sooner, else it is set again afterwards."""
+    outer, _ = signal.getitimer(signal.ITIMER_REAL)
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread() or 0 < outer <= seconds:
         yield
         return
 
     def overran(*_: Any) -> None:
         raise TimeLimit(seconds)
 
-    previous = signal.signal(signal.SIGALRM, overran)
+    previous, started = signal.signal(signal.SIGALRM, overran), time.monotonic()
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if outer > 0:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 0.001))
 
 
 # --- not answered yet --------------------------------------------------------------------------------------------
