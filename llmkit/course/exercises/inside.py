@@ -1,17 +1,20 @@
 """What runs in a grading cage: ``python -m llmkit.course.exercises.inside answers|judge SPEC`` (SPEC: a JSON file).
 
 ``answers``: a submission's answer cells, each in a fresh namespace (the chapter's earlier names it uses, nothing of
-the other cells), under the cell's time limit; after each, its answers as data (``answers.encode``), or marked as code,
-one JSON line in ``answers.jsonl``. The chapters' checks are not in this cage (hidden by it; the audit hook below
-refuses their import, and a change to the kit, where the fallback cannot hide them): nothing here decides.
+the other cells), under the cell's time limit; after each, its answers as data (``answers.encode``), or marked as
+code, one JSON line in ``answers.jsonl``. A cell that stops on a name this cage cannot give it (a helper of the
+chapter's checks, a name only a printout uses) is left to the judge: its answers are rebuilt there, as code. The
+chapters' checks are not in this cage (bubblewrap hides their files; the audit hook below refuses their import where
+the fallback cannot): nothing here decides.
 
 ``judge``: one exercise's verdict, in a fresh process, on those answers: data decoded, code rebuilt from the statements
-of the answer cell that define it (``answers.slice_for``). Before the learner's code runs, the kit's check modules
-leave ``sys.modules`` and an audit hook (which nothing can remove) watches: a fresh import of them, a look at the
-checks' frames or objects, a change to the kit's functions, from the learner's code, is refused and makes the verdict
-an error that says so; the verdict's file cannot be opened but by the judge. The verdict: ``verdict.json``. What
-Python 3.11 does not audit (``__subclasses__``, ``__globals__``, ``f_back``: a walk from any object to the checks'
-globals) is refused on sight in the answer's source (``introspects``); a name built at run time still gets through.
+of the answer cell that define it (``answers.slice_for``). Before the learner's code runs, the kit's check modules in
+``sys.modules`` are swapped for watched ones (``Watched``) and an audit hook (which nothing can remove) watches: an
+import of the checks, a look at their frames or objects, a change to the kit's functions, from the learner's code, is
+refused and makes the verdict an error that says so; the verdict's file cannot be opened but by the judge. The
+verdict: ``verdict.json``. What Python 3.11 does not audit (``__subclasses__``, ``__globals__``, ``f_back``: a walk
+from any object to the checks' globals) is refused on sight in the answer's source (``introspects``); a name built at
+run time still gets through.
 """
 
 from __future__ import annotations
@@ -84,6 +87,8 @@ def answer_values(spec: dict, number: int, source: str, names: list[str]) -> dic
             run_source(source, f"<answer {spec['chapter']}.{number}>", namespace)
     except TimeLimit:
         return {"error": "the cell ran over its time limit and was interrupted"}
+    except NameError:  # a name of the notebook's this cage lacks: the judge rebuilds what defines the answers
+        return {"answers": {name: {"code": True} for name in names}}
     except BaseException as exc:  # noqa: BLE001 -- whatever the cell raises (SystemExit too) is its own error
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
     values = {}
