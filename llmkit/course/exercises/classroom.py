@@ -254,8 +254,8 @@ def judge(grading: Grading, ex: Any, source: str, answers: dict, tmp: Path, limi
     logs.mkdir()
     spec = {"chapter": ex.chapter, "number": ex.number, "answers": answers, "source": source, "cell_timeout": limits.cell,
             **context_spec(ex.chapter, source)}  # fmt: skip
-    until = time.monotonic() + min(limits.left(), limits.cell + STARTUP)
-    ran = grading.run("judge", spec, scratch, logs, until)
+    until = time.monotonic() + min(limits.left(), limits.cell + GRACE + STARTUP)
+    ran = grading.run("judge", spec, scratch, logs, until, watch=scratch / "progress", cell=limits.cell)
     found = read_lines(scratch / "verdict.json")
     if ran.returncode == 0 and found and found[0].get("status") in STATUSES and isinstance(found[0].get("message"), str):
         return Graded(found[0]["status"], found[0]["message"][:2000])

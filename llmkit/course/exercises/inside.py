@@ -200,6 +200,8 @@ def judge(spec: dict) -> None:
 
 
 def judged(ex: Any, spec: dict, refused: list[str]) -> dict:
+    ex.timeout = spec["cell_timeout"]  # the check's own limit: a verdict that says so, before the grader kills the cage
+    Path("progress").write_text("judging\n")  # the grader's clock for the cell's limit starts here
     code = [name for name, value in spec["answers"].items() if value == {"code": True}]
     values = {name: decode(value) for name, value in spec["answers"].items() if name not in code}
     if code and (found := introspects(spec["source"])) is not None:
