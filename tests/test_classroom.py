@@ -187,7 +187,7 @@ def test_the_grades_say_which_cage_and_why_a_hostile_row_lost(graded):
     assert cage.kind() in page and json.loads(page.split('id="grades">')[1].split("</script>")[0])["victim"]["99.1"] == "pass"
 
 
-FALLBACK = ("correct", "victim", "natural", "daemon", "flood", "cheat", "tamper")
+FALLBACK = ("correct", "daemon", "flood", "cheat")
 
 
 def test_the_fallback_where_bubblewrap_cannot_run(tmp_path, monkeypatch):
