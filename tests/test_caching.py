@@ -8,7 +8,7 @@ import os
 import pytest
 
 from llmkit.course.bench.scenarios import rss_mb
-from llmkit.engine import End, Engine, EngineConfig, RequestParams
+from llmkit.engine import End, Engine, EngineConfig, EngineError, RequestParams
 from llmkit.engine.prompt_cache import MIB
 
 LINES = [
@@ -228,7 +228,10 @@ def test_a_burst_with_one_prefix_reads_it_once_and_every_request_takes_its_cells
         once = n_common + sum(len(p) - n_common for p in prompts)  # the prefix once, every question
         assert once <= read <= 1.1 * once, (read, once)  # where llama-server reads the prefix 4 times
         assert engine.counters.prompt_tokens_shared_total >= 3 * (n_common - 32)  # three took it (a waiter reads < 32 more)
-        assert all(s.n_shared >= n_common - 32 for s in engine.status().slots)  # what /slots reports: each holds it shared
+        status = engine.status()
+        assert all(s.n_shared >= n_common - 32 for s in status.slots)  # what /slots reports: each holds it shared
+        held = sum(s.n_cached for s in status.slots)  # the cells four unshared slots would use
+        assert held - 3 * n_common <= status.cells.used <= held - 3 * (n_common - 32)  # one prefix and four suffixes
 
 
 def test_a_request_that_takes_shared_cells_writes_what_it_writes_on_the_slot_that_holds_them(model):
@@ -245,3 +248,28 @@ def test_a_request_that_takes_shared_cells_writes_what_it_writes_on_the_slot_tha
             answers[share] = then.result(), then.outcome.timings.cache_n
             assert (engine.counters.prompt_tokens_shared_total == then.outcome.timings.cache_n) is share
     assert answers[True] == answers[False] and answers[True][1] > 200
+
+
+def answered(request) -> bool:
+    try:
+        request.result()
+        return True
+    except EngineError:
+        return False
+
+
+def test_shared_cells_run_at_once_a_burst_whose_copies_would_not_fit(model):
+    # Four requests on one ~240-token prefix, in a unified KV cache of 512 cells: unshared, two of them fill it (as on
+    # llama-server with the same -c, -np 4 -kvu: a decode finds no room, and its requests fail); shared, the prefix is
+    # held once and all four run in the same steps.
+    prompts = [model.tokenize(f"{SHARED} Question: {q} Answer:") for q in QUESTIONS]
+    ran = {}
+    for share in (True, False):
+        config = EngineConfig(n_parallel=4, n_ctx=512, n_threads=1, kv_unified=True, kv_share=share, cache_ram_mib=0)
+        with Engine(model, config) as engine:
+            assert 2 * (len(prompts[0]) + 4) < engine.ctx.n_ctx < 3 * len(prompts[0])  # room for two unshared (llama.cpp pads -c)
+            burst = [engine.submit(p, RequestParams.of(max_tokens=4, temperature=0)) for p in prompts]
+            ran[share] = sum(answered(r) for r in burst), max(step.n_slots for step in engine.steps), engine.status().cells
+    assert ran[True][:2] == (4, 4)  # shared: every request answered, all four in the same steps ...
+    assert ran[True][2].used < 512 and ran[True][2].shared > 200  # ... on one prefix's cells, held by the four
+    assert ran[False][0] < 4, ran[False]  # unshared: the cache cannot hold them, and some failed

@@ -153,10 +153,10 @@ PROPS = ["default_generation_settings", "total_slots", "model_alias", "model_pat
 
 
 class AnyCounts:
-    """An engine whose every count is 0: enough for ``metrics.gauges`` to list its names."""
+    """An engine whose every count is 0: enough for ``metrics.gauges`` to list its names (its counters and cells too)."""
 
     def __getattr__(self, name: str) -> Any:
-        return self if name == "counters" else 0
+        return self if name in ("counters", "cells") else 0
 
 
 METRIC_NAMES = [*metrics.COUNTERS, *metrics.gauges(AnyCounts())]  # every name llmkit's /metrics writes

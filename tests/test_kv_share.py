@@ -5,8 +5,9 @@ sequences that hold it (``llama_kv_cells``): ``seq_cp`` adds a sequence to cells
 sequence holds is free), ``seq_add`` moves cells, and refuses, as a test must, to move a cell another sequence holds
 (llama.cpp would move it for both: the other sequence's cache would silently hold a token at the wrong place). The
 slots (``Slot``) and the choice of a donor (``scheduler.prefix_donor``) are the engine's own code. After every
-operation each slot's ``cache_tokens`` must be exactly its cells, and the cells in use exactly one per distinct prefix
-position held (a prefix shared by N sequences is held once).
+operation each slot's ``cache_tokens`` must be exactly its cells, the cells in use exactly one per distinct prefix
+position held (a prefix shared by N sequences is held once), and the cells the engine counts (``status.Cells``, what
+``/metrics`` reports) exactly the model's.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 
 from llmkit.engine.scheduler import prefix_donor, waits_for_cells
 from llmkit.engine.slot import Slot
+from llmkit.engine.status import Cells
 
 
 class UnifiedKV:
@@ -66,6 +68,9 @@ def check(kv: UnifiedKV, slots: list[Slot]) -> None:
     shared = {(c[0], tuple(c[2])) for c in kv.cells.values() if len(c[2]) > 1}
     assert len(kv.cells) >= len(prefixes)  # never fewer cells than distinct prefixes ...
     assert shared or len(kv.cells) == sum(map(len, (s.cache_tokens for s in slots)))  # ... and sharing is what saves cells
+    counted = Cells.of(slots, Cells.holders(slots))  # what /metrics reports, from the slots' own bookkeeping
+    assert all(len(slot.cells) == slot.n_past for slot in slots)
+    assert (counted.used, counted.shared) == (len(kv.cells), sum(len(c[2]) > 1 for c in kv.cells.values()))
 
 
 def launch(kv: UnifiedKV, slots: list[Slot], slot: Slot, prompt: list[int], n_cache_reuse: int | None = None) -> int:

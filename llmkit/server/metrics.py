@@ -66,6 +66,10 @@ def gauges(status: EngineStatus) -> dict[str, tuple[str, float]]:
         # llmkit's own: the host-RAM prompt cache (--cache-ram)
         "prompt_cache_bytes": ("Bytes held by the prompt cache", cache.get("bytes", 0)),
         "prompt_cache_prompts": ("Prompts held by the prompt cache", cache.get("n_prompts", 0)),
+        # llmkit's own: the KV cells the slots hold, a shared prefix's once (--kv-share)
+        "kv_cells_used": ("KV cells held by the slots, each counted once", status.cells.used),
+        "kv_cells_shared": ("KV cells held by two slots or more (--kv-share)", status.cells.shared),
+        "kv_cells_idle": ("KV cells held by idle slots alone: resident for a later request", status.cells.idle),
     }
 
 
