@@ -38,6 +38,7 @@ def sequential_server():
 FAST_MODULES = {
     *("test_scheduler.py", "test_drafts.py", "test_sse.py", "test_text.py", "test_server_app.py", "test_models.py", "test_tools.py"),
     "test_options.py",  # every body field read or HTTP-only; one serializer of the settings
+    "test_hostile.py",  # hostile bodies on every route of the slot server, over a scripted engine
     *("test_notebooks.py", "test_course.py", "test_japanese.py"),  # the notebooks as files, the editions' labels and terms
     "test_layout.py",  # the runtime apart from the course's apparatus, and one map of the package
     "test_trace.py",  # the multi-tenant trace and its summary (the replay itself: test_fleet.py)
