@@ -33,6 +33,15 @@ def sequential_server():
         yield server
 
 
+@pytest.fixture(scope="session")
+def slot_server():
+    """The slot server the test modules of its HTTP behaviour share (test_server.py, test_server_overload.py): 4 slots
+    of 512 tokens, greedy, /metrics on, the alias ``smollm2``, one CPU thread."""
+    flags = ("-c", "2048", "-np", "4", "-t", "1", "--temp", "0", "--seed", "1", "--metrics", "--alias", "smollm2")
+    with launch.serve("slots", *flags) as server:
+        yield server
+
+
 # The inner loop: `make test-fast` runs these modules only (no model, server, browser or build;
 # seconds). Every other test, and every notebook, is marked `slow`; `make test` runs everything.
 FAST_MODULES = {
