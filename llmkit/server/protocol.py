@@ -27,6 +27,7 @@ from llmkit.grammar import Constraint, Gbnf, Schema
 from llmkit.llama import Grammar, SamplingParams
 from llmkit.server.errors import ApiError, invalid
 from llmkit.server.tools import Tool, ToolCalling, renders_tools
+from llmkit.text import is_unicode
 
 Probability = Annotated[float, Field(ge=0, le=1)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
@@ -94,20 +95,12 @@ def representable(value: Any) -> None:
         item = pending.pop()
         if type(item) is int and item not in INT64:
             raise ValueError(f"{item} does not fit in a 64-bit integer")
-        if isinstance(item, str) and not _is_utf8(item):
+        if isinstance(item, str) and not is_unicode(item):
             raise ValueError("the text is not valid Unicode (it holds a lone surrogate)")
         if isinstance(item, dict):
             pending += [*item.keys(), *item.values()]
         elif isinstance(item, (list, tuple)):
             pending += item
-
-
-def _is_utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def logit_bias_of(raw: list | dict) -> tuple[tuple[int | str, float], ...]:
