@@ -103,39 +103,6 @@ def representable(value: Any) -> None:
             pending += item
 
 
-def logit_bias_of(raw: list | dict) -> tuple[tuple[int | str, float], ...]:
-    """A request's ``logit_bias`` as (token id or text, bias) pairs, read as llama-server reads it (server-schema.cpp):
-    pairs ``[token, bias]`` or an object ``{"token": bias}`` (OpenAI's form); a key that is not a token id is a text,
-    whose every token gets the bias (the sampler tokenizes it); ``false`` bans (-inf). A token out of the vocabulary
-    is skipped, as there (Sampler). What it cannot read is a ValueError that says which entry: llama-server skips it
-    ("TODO: we may want to throw errors here"), so a typo would change nothing without a word."""
-    pairs = raw.items() if isinstance(raw, dict) else raw
-    out: list[tuple[int | str, float]] = []
-    for i, pair in enumerate(pairs):
-        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
-            raise ValueError(f"entry {i} is not a pair [token id or text, bias]: {pair!r}")
-        key, value = pair
-        if isinstance(raw, dict) and key.strip().lstrip("+-").isdigit():
-            key = int(key)  # an object's keys are strings: "15043" is a token id
-        if not (type(key) is int or isinstance(key, str)):
-            raise ValueError(f"entry {i}: {key!r} is neither a token id nor a text")
-        out.append((key, _bias(value, i)))
-    return tuple(out)
-
-
-def _bias(value: Any, i: int) -> float:
-    if value is False:
-        return float("-inf")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"entry {i}: the bias must be a finite number, or false to ban the token, not {value!r}")
-    return float(value)
-
-
-def _readable_logit_bias(raw: list | dict) -> list | dict:
-    logit_bias_of(raw)  # raises on what it cannot read
-    return raw
-
-
 class StreamOptions(ApiModel):
     include_usage: bool = False
 
@@ -183,8 +150,7 @@ class GenerationRequest(ApiModel):
     id_slot: Annotated[int, Field(ge=-1)] = -1
     ignore_eos: bool = False
     n_probs: Annotated[int, Field(ge=0, le=20)] = 0
-    # [[token or text, bias or false], ...] or {"token or text": bias}: logit_bias_of
-    logit_bias: Annotated[list | dict, AfterValidator(_readable_logit_bias)] | None = None
+    logit_bias: list | dict | None = None  # [[token or text, bias or false], ...] or {"token or text": bias}: logit_bias_of
     n_keep: Annotated[int, Field(ge=-1)] = 0  # context shift keeps this many prompt tokens (-1: all)
     n_cache_reuse: Annotated[int, Field(ge=0)] | None = None  # None: the server's --cache-reuse
     # speculation: at most this many draft tokens a step (None: the server's; 0: off). Older llama-servers read
@@ -195,6 +161,13 @@ class GenerationRequest(ApiModel):
     sse_ping_interval: int | None = None  # seconds of silence before a ping, this stream only (None: the server's)
     priority: int | None = None  # llmkit's (vLLM's field): lower goes first under --scheduling-policy priority
     kv_transfer_params: dict[str, Any] | None = None  # vLLM's: disaggregated prefill and decode (llmkit.server.handoff)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _readable_logit_bias(cls, raw: list | dict | None) -> list | dict | None:
+        if raw is not None:
+            logit_bias_of(raw)  # a ValueError says which entry it cannot read
+        return raw
 
     @property
     def include_usage(self) -> bool:
@@ -379,6 +352,34 @@ def constraint_of(body: GenerationRequest) -> Constraint | None:
     if schema is None and gbnf is None:
         return None
     return Gbnf(gbnf) if gbnf is not None else Schema(schema, strict, field)  # type: ignore[arg-type]  # one of them is set
+
+
+def logit_bias_of(raw: list | dict) -> tuple[tuple[int | str, float], ...]:
+    """A request's ``logit_bias`` as (token id or text, bias) pairs, read as llama-server reads it (server-schema.cpp):
+    pairs ``[token, bias]`` or an object ``{"token": bias}`` (OpenAI's form); a key that is not a token id is a text,
+    whose every token gets the bias (the sampler tokenizes it); ``false`` bans (-inf). A token out of the vocabulary
+    is skipped, as there (Sampler). What it cannot read is a ValueError that says which entry: llama-server skips it
+    ("TODO: we may want to throw errors here"), so a typo would change nothing without a word."""
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    out: list[tuple[int | str, float]] = []
+    for i, pair in enumerate(pairs):
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+            raise ValueError(f"entry {i} is not a pair [token id or text, bias]: {pair!r}")
+        key, value = pair
+        if isinstance(raw, dict) and key.strip().lstrip("+-").isdigit():
+            key = int(key)  # an object's keys are strings: "15043" is a token id
+        if not (type(key) is int or isinstance(key, str)):
+            raise ValueError(f"entry {i}: {key!r} is neither a token id nor a text")
+        out.append((key, _bias(value, i)))
+    return tuple(out)
+
+
+def _bias(value: Any, i: int) -> float:
+    if value is False:
+        return float("-inf")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"entry {i}: the bias must be a finite number, or false to ban the token, not {value!r}")
+    return float(value)
 
 
 def params_from_body(
