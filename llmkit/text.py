@@ -1,4 +1,4 @@
-"""Text helpers both servers share: incremental detokenizer, stop-string matcher, UTF-8 check.
+"""Text helpers both servers share: incremental detokenizer, stop-string matcher, UTF-8 checks.
 
 A token is a run of bytes, not of characters: SmolLM2 spells "日" as three
 byte-tokens, so sending each token as it comes would put half a character
@@ -7,7 +7,8 @@ back until the character is whole (llama-server: ``validate_utf8`` in
 server-common.cpp). ``StopMatcher`` holds back text that could still become
 a stop string, so that a stop string split across tokens is never emitted
 (llama-server: ``find_stopping_strings`` in server-context.cpp). ``utf8_tail``
-tells whether a token's bytes keep the text UTF-8 (the grammar sampler asks it).
+tells whether a token's bytes keep the text UTF-8 (the grammar sampler asks it); ``is_unicode`` whether a
+string from a client can be written as UTF-8 at all (a lone surrogate cannot).
 """
 
 from __future__ import annotations
@@ -87,3 +88,12 @@ def utf8_tail(pending: bytes, piece: bytes) -> bytes | None:
     except UnicodeDecodeError:
         return None
     return tail
+
+
+def is_unicode(text: str) -> bool:
+    """False for a string holding a lone surrogate: JSON can say "\\ud800", UTF-8 (and so the tokenizer) cannot."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -33,11 +33,21 @@ def sequential_server():
         yield server
 
 
+@pytest.fixture(scope="session")
+def slot_server():
+    """The slot server the test modules of its HTTP behaviour share (test_server.py, test_server_overload.py): 4 slots
+    of 512 tokens, greedy, /metrics on, the alias ``smollm2``, one CPU thread."""
+    flags = ("-c", "2048", "-np", "4", "-t", "1", "--temp", "0", "--seed", "1", "--metrics", "--alias", "smollm2")
+    with launch.serve("slots", *flags) as server:
+        yield server
+
+
 # The inner loop: `make test-fast` runs these modules only (no model, server, browser or build;
 # seconds). Every other test, and every notebook, is marked `slow`; `make test` runs everything.
 FAST_MODULES = {
     *("test_scheduler.py", "test_drafts.py", "test_sse.py", "test_text.py", "test_server_app.py", "test_models.py", "test_tools.py"),
     "test_options.py",  # every body field read or HTTP-only; one serializer of the settings
+    "test_hostile.py",  # hostile bodies on every route of the slot server, over a scripted engine
     *("test_notebooks.py", "test_course.py", "test_japanese.py"),  # the notebooks as files, the editions' labels and terms
     "test_layout.py",  # the runtime apart from the course's apparatus, and one map of the package
     "test_trace.py",  # the multi-tenant trace and its summary (the replay itself: test_fleet.py)

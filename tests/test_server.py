@@ -3,7 +3,7 @@
 Two servers for the whole session (greedy, one CPU thread each so that a
 busy machine does not make OpenMP threads spin against each other):
 
-- ``server``: 4 slots of 512 tokens, /metrics on;
+- ``server``: conftest's ``slot_server``, 4 slots of 512 tokens, /metrics on (test_server_overload.py shares it);
 - ``key_server``: ``--api-key``, ``--no-slots``, no metrics, a 64 KiB body limit.
 """
 
@@ -32,10 +32,11 @@ HELLO = [{"role": "user", "content": "Say hello."}]
 
 
 @pytest.fixture(scope="session")
-def server():
-    flags = ("-c", str(4 * N_CTX_SLOT), "-np", "4", "-t", "1", "--temp", "0", "--seed", "1", "--metrics", "--alias", ALIAS)
-    with launch.serve("slots", *flags) as s:
-        yield s
+def server(slot_server):
+    """conftest's ``slot_server``, shared with test_server_overload.py."""
+    assert slot_server.args[slot_server.args.index("--alias") + 1] == ALIAS and "--metrics" in slot_server.args
+    assert slot_server.args[slot_server.args.index("-c") + 1] == str(4 * N_CTX_SLOT)
+    return slot_server
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llmkit import models
 from llmkit.sequential.translator import PromptTooLong, Translator
+from llmkit.text import is_unicode
 
 log = logging.getLogger("llmkit.sequential")
 STATIC = Path(__file__).parent / "static"
@@ -59,15 +60,6 @@ async def body_object(request: Request) -> dict:
     if not isinstance(body, dict):
         raise BadRequest("'text' is required")
     return body
-
-
-def is_unicode(text: str) -> bool:
-    """False for a string holding a lone surrogate: JSON can say "\\ud800", UTF-8 (and so the tokenizer) cannot."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 async def translation_request(request: Request) -> tuple[str, str]:

@@ -31,9 +31,14 @@ from llmkit.server.state import State
 
 router = APIRouter()
 
+# inputs in one request, OpenAI's limit: each is a decode of its own under one lock, so more would hold the embedder
+# (and a core) for minutes, with no way for the client to stop it
+MAX_INPUTS = 2048
+Inputs = str | Annotated[list[str], Field(min_length=1, max_length=MAX_INPUTS)]
+
 
 class EmbeddingRequest(ApiModel):
-    input: str | Annotated[list[str], Field(min_length=1)]
+    input: Inputs
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
 
@@ -45,8 +50,8 @@ class EmbeddingRequest(ApiModel):
 class NativeEmbeddingRequest(EmbeddingRequest):
     """llama-server's own ``/embedding``: the text in ``input`` or ``content``."""
 
-    input: str | Annotated[list[str], Field(min_length=1)] | None = None  # type: ignore[assignment]  # or in content
-    content: str | Annotated[list[str], Field(min_length=1)] | None = None
+    input: Inputs | None = None  # type: ignore[assignment]  # or in content
+    content: Inputs | None = None
 
     @model_validator(mode="after")
     def _input_or_content(self) -> NativeEmbeddingRequest:

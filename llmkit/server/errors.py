@@ -155,6 +155,17 @@ async def off_loop(fn: Callable, *args: Any, **kwargs: Any) -> Any:
         raise ApiError(400, str(exc)) from None
 
 
+def http_message(exc: StarletteHTTPException) -> str:
+    """A Starlette or FastAPI refusal in words: llama-server's 404 text; for a body FastAPI could not parse, why (its
+    own words, "There was an error parsing the body", do not say: not UTF-8, nested too deeply, a number too long)."""
+    if exc.status_code == 404:
+        return "File Not Found"
+    cause = exc.__cause__
+    if exc.status_code == 400 and cause is not None:
+        return f"Invalid JSON: {type(cause).__name__}: {cause}"
+    return str(exc.detail)
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers that give every failure the error shape of the route's dialect."""
 
@@ -172,8 +183,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        message = "File Not Found" if exc.status_code == 404 else str(exc.detail)  # llama-server's 404 text
-        return answer(request, ApiError(exc.status_code, message))
+        return answer(request, ApiError(exc.status_code, http_message(exc)))
 
     @app.exception_handler(ContextSizeError)  # the prompt does not fit (engine.submit, or the embedder's own context)
     async def context_size(request: Request, exc: ContextSizeError) -> JSONResponse:

@@ -16,16 +16,18 @@ field of every body is one of these, so a field cannot be accepted and then igno
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from llmkit.engine import RequestParams
 from llmkit.grammar import Constraint, Gbnf, Schema
 from llmkit.llama import Grammar, SamplingParams
 from llmkit.server.errors import ApiError, invalid
 from llmkit.server.tools import Tool, ToolCalling, renders_tools
+from llmkit.text import is_unicode
 
 Probability = Annotated[float, Field(ge=0, le=1)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
@@ -73,6 +75,33 @@ class ApiModel(BaseModel):
             return {k: v for k, v in data.items() if v is not None}
         return data
 
+    @field_validator("*", mode="after")
+    @classmethod
+    def _representable(cls, value: Any) -> Any:
+        """Every field, to its last list item and object key: what the model, the C library and the answer can hold."""
+        representable(value)
+        return value
+
+
+INT64 = range(-(2**63), 2**63)
+
+
+def representable(value: Any) -> None:
+    """Refuse (ValueError) an integer beyond 64 bits, which no C call takes, and a string holding a lone surrogate
+    (JSON's ``"\\ud800"``), which is not UTF-8: the tokenizer, the grammar and the answer's own JSON could not write
+    it (llama-server's JSON parser refuses both). A nested body model has checked its own fields."""
+    pending = [value]
+    while pending:  # a loop, not recursion: a JSON value nested as deep as the parser allows is read to its end
+        item = pending.pop()
+        if type(item) is int and item not in INT64:
+            raise ValueError(f"{item} does not fit in a 64-bit integer")
+        if isinstance(item, str) and not is_unicode(item):
+            raise ValueError("the text is not valid Unicode (it holds a lone surrogate)")
+        if isinstance(item, dict):
+            pending += [*item.keys(), *item.values()]
+        elif isinstance(item, (list, tuple)):
+            pending += item
+
 
 class StreamOptions(ApiModel):
     include_usage: bool = False
@@ -107,7 +136,7 @@ class GenerationRequest(ApiModel):
     stop: str | list[str] | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    n: Literal[1] = 1
+    n: Annotated[int, Field(ge=1, le=1)] = 1  # one choice per request (strict: ``true`` is not 1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
@@ -132,6 +161,13 @@ class GenerationRequest(ApiModel):
     sse_ping_interval: int | None = None  # seconds of silence before a ping, this stream only (None: the server's)
     priority: int | None = None  # llmkit's (vLLM's field): lower goes first under --scheduling-policy priority
     kv_transfer_params: dict[str, Any] | None = None  # vLLM's: disaggregated prefill and decode (llmkit.server.handoff)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _readable_logit_bias(cls, raw: list | dict | None) -> list | dict | None:
+        if raw is not None:
+            logit_bias_of(raw)  # a ValueError says which entry it cannot read
+        return raw
 
     @property
     def include_usage(self) -> bool:
@@ -321,22 +357,29 @@ def constraint_of(body: GenerationRequest) -> Constraint | None:
 def logit_bias_of(raw: list | dict) -> tuple[tuple[int | str, float], ...]:
     """A request's ``logit_bias`` as (token id or text, bias) pairs, read as llama-server reads it (server-schema.cpp):
     pairs ``[token, bias]`` or an object ``{"token": bias}`` (OpenAI's form); a key that is not a token id is a text,
-    whose every token gets the bias (the sampler tokenizes it); ``false`` bans (-inf). What it cannot read (a bias that
-    is not a number, a pair that is not two items) is skipped, as there; so is a token out of the vocabulary (Sampler)."""
-    pairs = raw.items() if isinstance(raw, dict) else (p for p in raw if isinstance(p, list) and len(p) == 2)
+    whose every token gets the bias (the sampler tokenizes it); ``false`` bans (-inf). A token out of the vocabulary
+    is skipped, as there (Sampler). What it cannot read is a ValueError that says which entry: llama-server skips it
+    ("TODO: we may want to throw errors here"), so a typo would change nothing without a word."""
+    pairs = raw.items() if isinstance(raw, dict) else raw
     out: list[tuple[int | str, float]] = []
-    for key, value in pairs:
-        if value is False:
-            bias = float("-inf")
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            bias = float(value)
-        else:
-            continue
-        if isinstance(raw, dict) and isinstance(key, str) and key.strip().lstrip("+-").isdigit():
-            out.append((int(key), bias))  # an object's keys are strings: "15043" is a token id
-        elif type(key) is int or isinstance(key, str):
-            out.append((key, bias))
+    for i, pair in enumerate(pairs):
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+            raise ValueError(f"entry {i} is not a pair [token id or text, bias]: {pair!r}")
+        key, value = pair
+        if isinstance(raw, dict) and key.strip().lstrip("+-").isdigit():
+            key = int(key)  # an object's keys are strings: "15043" is a token id
+        if not (type(key) is int or isinstance(key, str)):
+            raise ValueError(f"entry {i}: {key!r} is neither a token id nor a text")
+        out.append((key, _bias(value, i)))
     return tuple(out)
+
+
+def _bias(value: Any, i: int) -> float:
+    if value is False:
+        return float("-inf")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"entry {i}: the bias must be a finite number, or false to ban the token, not {value!r}")
+    return float(value)
 
 
 def params_from_body(
