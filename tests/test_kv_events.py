@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import time
+from typing import Any, cast
 
 import pytest
 import zmq
@@ -49,11 +50,11 @@ class FakeContext:
 class World:
     """Slots, a prompt cache, the tracker and a router's view of it: ``step()`` is the end of an engine step."""
 
-    def __init__(self, n_slots: int = 3, cache_mib: int = 0, bytes_per_token: int = 1000):
+    def __init__(self, n_slots: int = 3, cache_mib: int = 0, bytes_per_token: int = 1000, shares: bool = False):
         self.slots = [Slot(i, 4096) for i in range(n_slots)]
         self.ctx = FakeContext(self.slots, bytes_per_token)  # the prompt cache's limits count bytes
         self.cache = PromptCache(cache_mib, limit_tokens=0) if cache_mib else None
-        self.tracker, self.view = KVEventTracker(BS), RouterView(BS)
+        self.tracker, self.view = KVEventTracker(BS, shares=shares), RouterView(BS)
 
     def step(self) -> int:
         """The events of this step, read by the view, which must hold what the slots and the cache hold. Returns how many."""
@@ -62,7 +63,8 @@ class World:
         if events:
             self.view.read(encode(time.time(), events))
         cached = [e.tokens for e in self.cache.entries] if self.cache else []
-        assert self.view.prefixes(None) == block_prefixes(BS, [s.cache_tokens for s in self.slots]), "the slots"
+        takeable = [s.cache_tokens for s in self.slots if s.is_idle or self.tracker.shares]  # cells another request could take
+        assert self.view.prefixes(None) == block_prefixes(BS, takeable), "the slots"
         assert self.view.prefixes(HOST) == block_prefixes(BS, cached), "the prompt cache"
         return self.view.n_events - before
 
@@ -104,6 +106,22 @@ def test_a_prefix_two_slots_hold_is_stored_once_and_removed_with_its_last_holder
     w.slots[1].clear_prompt(w.ctx)  # type: ignore[arg-type]
     w.step()
     assert not w.view.held[None]
+
+
+@pytest.mark.parametrize("shares", [False, True])
+def test_a_running_requests_blocks_are_on_the_device_tier_only_where_another_request_could_take_them(shares):
+    # Without kv_share a slot's cells are its request's while it runs (llama-server's per-slot cache): removed from the
+    # device tier when it starts, stored again when it ends. With kv_share any slot's cells can be taken: they stay.
+    w = World(shares=shares)
+    w.read(w.slots[0], SYSTEM)
+    held = len(w.view.held[None])
+    w.slots[0].job = cast(Any, "a running request")
+    w.slots[0].append([1, 2])
+    w.step()
+    assert len(w.view.held[None]) == (held + 1 if shares else 0)
+    w.slots[0].job = None
+    w.step()
+    assert len(w.view.held[None]) == held + 1
 
 
 def test_slot_reuse_keeps_the_common_prefix_and_tells_only_the_blocks_that_changed():

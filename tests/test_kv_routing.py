@@ -33,10 +33,13 @@ def chat(system: str, question: str) -> dict:
     return {"model": "default", "messages": messages, "max_tokens": 4, "temperature": 0}
 
 
-def test_the_engines_events_follow_its_slots_and_prompt_cache_at_every_step(model):
+@pytest.mark.parametrize("share", [False, True], ids=["per-slot", "kv-share"])
+def test_the_engines_events_follow_its_slots_and_prompt_cache_at_every_step(model, share):
     """Two slots, a prompt cache, a preemption, prompts that share a prefix: after every step, the events read so far
-    hold exactly the complete blocks of every slot (device tier) and every cached prompt (host tier)."""
-    config = EngineConfig(n_parallel=2, n_ctx=2048, n_threads=1, kv_events=True, kv_block_size=BLOCK, policy=PriorityPolicy())
+    hold exactly the complete blocks of every slot another request could take cells from (device tier: without kv_share
+    the idle ones, a running request's cells being its own; with kv_share every slot) and every cached prompt (host)."""
+    config = EngineConfig(n_parallel=2, n_ctx=2048, n_threads=1, kv_events=True, kv_block_size=BLOCK, policy=PriorityPolicy(),
+                          kv_unified=share, kv_share=share)  # fmt: skip
     with Engine(model, config, start=False) as engine:
         assert engine.kv_events is not None
         events, view = engine.kv_events.subscribe(), RouterView(BLOCK)
@@ -50,7 +53,8 @@ def test_the_engines_events_follow_its_slots_and_prompt_cache_at_every_step(mode
                 late.append(engine.chat(chat(system, "Loans?")["messages"], max_tokens=8, temperature=0, priority=0))
             while (batch := events.next_batch(timeout=0)) is not None:
                 view.read(encode(batch.ts, batch.events))
-            assert view.prefixes(None) == block_prefixes(BLOCK, [s.cache_tokens for s in engine.slots])
+            takeable = [s.cache_tokens for s in engine.slots if s.is_idle or share]
+            assert view.prefixes(None) == block_prefixes(BLOCK, takeable)
             assert engine.prompt_cache is not None
             assert view.prefixes("CPU") == block_prefixes(BLOCK, [e.tokens for e in engine.prompt_cache.entries])
         assert engine.counters.requests_preempted_total >= 1 and engine.prompt_cache.hits >= 1

@@ -87,7 +87,7 @@ class Engine:
         self.scheduler = Scheduler(self.config, self.ctx, partial(Job.start, self.model), self.counters)
         self.batch = Batch(self.ctx.n_batch)
         # what the slots and the prompt cache hold, told at each step's end (None: off); readers subscribe to its batches
-        self.kv_events = KVEventTracker(config.kv_block_size) if config.kv_events else None
+        self.kv_events = KVEventTracker(config.kv_block_size, shares=config.kv_share) if config.kv_events else None
         self.arrivals: deque[Request] = deque()  # submitted since the last step (the scheduler's queue takes them)
         self.steps: deque[StepRecord] = deque(maxlen=10_000)  # the last steps, for plots
         self.n_steps = 0  # turns of the loop so far

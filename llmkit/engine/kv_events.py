@@ -22,6 +22,10 @@ a name stands for the whole prefix up to the end of its block, so two slots, two
 prompt that hold the same prefix hold the same names (the router keys its tree by its own hash of each block's tokens;
 our names tie a block to its parent, ``parent_block_hash``, and find it again on removal).
 
+What the device tier tells is what another request could take now, not every cell in memory: without ``kv_share`` a
+running request's cells are its own (llama-server's per-slot cache), so a slot's blocks leave the device tier when a
+request starts on it and come back when it ends; with ``kv_share`` any slot's cells can be taken, busy or idle.
+
 Two tiers, each told apart by its ``medium``: the slots' KV cache (the device tier: ``None``, vLLM writes "GPU") and the
 prompt cache (the host tier: "CPU", credited by the router at a discount). The router's claim on a block is one per
 (worker, tier, block): so a block held by several slots, or several cached prompts, is counted here, stored when its
@@ -128,10 +132,12 @@ class Change(NamedTuple):
 class KVEventTracker:
     """What the slots and the prompt cache held when it last looked, as block names; ``update`` tells what changed."""
 
-    def __init__(self, block_size: int = DEFAULT_BLOCK_SIZE):
+    def __init__(self, block_size: int = DEFAULT_BLOCK_SIZE, *, shares: bool = False):
         if block_size < 1:
             raise ValueError(f"the KV event block size must be at least 1, not {block_size}")
         self.block_size = block_size
+        self.shares = shares  # kv_share: a running request's cells can be taken by another (else only an idle slot's)
+        self.shown: dict[int, bool] = {}  # by slot id: whether its blocks were on the device tier when it last looked
         self.device, self.host = Tier(DEVICE, block_size), Tier(HOST, block_size)
         self.slot_names: dict[int, list[bytes]] = {}  # by slot id: the names of its complete blocks
         self.entry_names: dict[int, tuple[CachedPrompt, list[bytes]]] = {}  # by id(entry); the entry kept so its id stays its own
@@ -152,14 +158,19 @@ class KVEventTracker:
         return events + self.device.removed(removed[self.device]) + self.host.removed(removed[self.host])
 
     def slot_change(self, slot: Slot) -> Change | None:
-        """What changed in ``slot`` since the last look: its blocks from the first one whose tokens changed."""
-        changed = slot.take_changes()
+        """What changed in ``slot`` since the last look: its blocks from the first one whose tokens changed. The device
+        tier holds exactly the cells another request could take now: an idle slot's, and with ``shares`` a busy one's
+        too (without, a running request's cells are its own: told removed when it starts, stored again when it ends)."""
+        changed, shown = slot.take_changes(), self.shares or slot.is_idle
+        if shown != self.shown.setdefault(slot.id, True):
+            changed, self.shown[slot.id] = 0, shown
         if changed is None:
             return None
+        tokens = slot.cache_tokens if shown else []
         names = self.slot_names.setdefault(slot.id, [])
         first = min(changed // self.block_size, len(names))
         parent = names[first - 1] if first else None
-        old, new = names[first:], block_names(slot.cache_tokens, self.block_size, first, parent)
+        old, new = names[first:], block_names(tokens, self.block_size, first, parent)
         names[first:] = new
         same = 0  # blocks rewritten with the same tokens (a draft cut back into a block, then the same tokens again)
         while same < min(len(old), len(new)) and old[same] == new[same]:
@@ -167,7 +178,7 @@ class KVEventTracker:
         if same == len(old) == len(new):
             return None
         parent = new[same - 1] if same else parent
-        return Change(self.device, slot.cache_tokens, first + same, parent, old[same:], new[same:])
+        return Change(self.device, tokens, first + same, parent, old[same:], new[same:])
 
     def cache_changes(self, cache: PromptCache | None) -> list[Change]:
         """The prompts that entered ``cache`` since the last look (all their blocks) and those that left it."""

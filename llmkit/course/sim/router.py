@@ -202,13 +202,15 @@ class HeldBlocks:
         self.entries: dict[int, tuple[CachedPrompt, list[int]]] = {}  # id(entry) -> (entry, its keys)
 
     def sync(self, slots: Sequence[Slot], cache: PromptCache | None) -> None:
+        """(As the engine's, without ``kv_share``: a busy slot's cells are its request's own, not on the device tier.)"""
         for slot in slots:
             seen, keys = self.slots.get(slot.id, (None, []))
-            kept = min(len(keys), len(slot.cache_tokens) // BLOCK) if slot.cache_tokens is seen else 0
+            tokens = slot.cache_tokens if slot.is_idle else []
+            kept = min(len(keys), len(tokens) // BLOCK) if tokens is seen else 0
             self.device.subtract(keys[kept:])
-            new = block_keys(slot.cache_tokens, kept, keys[kept - 1] if kept else 0)
+            new = block_keys(tokens, kept, keys[kept - 1] if kept else 0)
             self.device.update(new)
-            self.slots[slot.id] = (slot.cache_tokens, keys[:kept] + new)
+            self.slots[slot.id] = (tokens, keys[:kept] + new)
         entries = {id(e): e for e in cache.entries} if cache is not None else {}
         for gone in self.entries.keys() - entries.keys():
             self.host.subtract(self.entries.pop(gone)[1])
