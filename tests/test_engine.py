@@ -14,6 +14,7 @@ from llmkit.engine import ContextSizeError, End, Engine, EngineConfig, EngineErr
 from llmkit.engine.prompt_cache import PromptCache
 from llmkit.engine.request import Piece, Request
 from llmkit.llama import DecodeError, Sampler
+from llmkit.text import StopMatcher
 
 from helpers import wait_until
 
@@ -515,3 +516,64 @@ def test_a_policy_keeps_state_and_hears_every_step_and_every_end(model):
         records = list(iter(engine.step, None))
     assert policy.steps == [r.n_prompt + r.n_generated for r in records] and len(records) == 3  # each step, as it ran
     assert policy.ended == [(second.id, End.CANCELLED), (first.id, End.LIMIT)]
+
+
+# --- the seams: your own sampler, stop matcher, drafter and prompt-cache rule, given in EngineConfig -------------------
+
+
+class CountedSampler(Sampler):
+    calls = 0
+
+    def sample(self, ctx, row):
+        CountedSampler.calls += 1
+        return super().sample(ctx, row)
+
+
+class CountedStops(StopMatcher):
+    pushes = 0
+
+    def push(self, text):
+        CountedStops.pushes += 1
+        return super().push(text)
+
+
+class RepeatLast:
+    """A drafter of its own: the last token, twice (it carries its own n_max; no --spec-type needed)."""
+
+    n_max = 2
+
+    def __init__(self):
+        self.drafted = 0
+
+    def begin(self, seq, prompt):
+        pass
+
+    def draft(self, seq, tokens, last, n_max):
+        self.drafted += 1
+        return [last] * min(2, n_max)
+
+    def accept(self, seq, n_drafted, n_accepted):
+        pass
+
+
+def test_a_sampler_a_stop_matcher_a_drafter_and_a_cache_rule_of_your_own_are_used_and_named(model):
+    drafter, chosen = RepeatLast(), []
+
+    def newest(entries, held, prompt):
+        chosen.append(len(entries))
+        return len(entries) - 1 if entries else None
+
+    config = EngineConfig(n_parallel=1, n_ctx=1024, n_threads=1, cache_ram_mib=64, sampler=CountedSampler, stop_matcher=CountedStops,
+                          drafter=drafter, cache_choice=newest)  # fmt: skip
+    with Engine(model, config) as engine:
+        first = engine.complete("Once upon a time", max_tokens=8, temperature=0, ignore_eos=True)
+        first.result()
+        engine.complete("The capital of France", max_tokens=2, temperature=0).result()  # another prompt: a swap, the rule asked
+        named = engine.config.to_dict()
+    assert CountedSampler.calls >= 8 and CountedStops.pushes >= 8 and drafter.drafted > 0 and chosen
+    assert first.outcome is not None and first.outcome.timings.draft_n > 0  # drafted under --spec-type none
+    assert (named["sampler"], named["stop_matcher"], named["drafter"], named["cache_choice"], named["policy"]) == (
+        "test_engine.CountedSampler", "test_engine.CountedStops", "test_engine.RepeatLast",
+        "test_engine.test_a_sampler_a_stop_matcher_a_drafter_and_a_cache_rule_of_your_own_are_used_and_named.<locals>.newest",
+        "llama-server",
+    )  # fmt: skip

@@ -59,6 +59,7 @@ WRONG = {
     (5, 2): (lambda sol: [(0.5, 0, 0), (sol[0], 12, 0)], []),
     (5, 3): (lambda sol: [(3 * sol[0], sol[1])], []),  # every head counted, not the KV heads
     (5, 4): (lambda sol: [wrong.prompt_cache_without_the_quarter], []),
+    (5, 5): (lambda sol: [wrong.cells_with_the_last_token, wrong.cells_shared_per_request], []),
     (6, 1): (lambda sol: ['root ::= [0-9] [0-9] [0-9] [0-9] "-" [0-9] [0-9] "-" [0-9] [0-9]'], []),
     (6, 2): (
         lambda sol: [(sol[0], False), ({**sol[0], "properties": {**sol[0]["properties"], "confidence": {"type": "number"}}}, True)],

@@ -137,3 +137,15 @@ class NoLimitFirst(ch04.ReferenceFewTokensFirst):
 def event_with(stored: Callable[[list[int], int], dict], **changed: Any) -> Callable[[list[int], int], dict]:
     """Chapter 10's KV event with fields changed: an unknown key (the router refuses the batch), or no token ids."""
     return lambda tokens, block_size: {**stored(tokens, block_size), **changed}
+
+
+def cells_with_the_last_token(prompt_lengths, n_common, max_tokens):
+    """Every generated token counted, the last one too (it is sampled, never decoded)."""
+    per_request = [n + max_tokens for n in prompt_lengths]
+    return sum(per_request), n_common + sum(n - n_common for n in per_request)
+
+
+def cells_shared_per_request(prompt_lengths, n_common, max_tokens):
+    """The prefix counted once per request even when shared: what a per-slot cache holds."""
+    per_request = sum(n + max_tokens - 1 for n in prompt_lengths)
+    return per_request, per_request

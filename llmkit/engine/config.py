@@ -6,11 +6,16 @@ set for the slots). The CLI builds one from its flags, the engine checks it once
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
 
 from llmkit.engine.kv_events import DEFAULT_BLOCK_SIZE
 from llmkit.engine.policy import LlamaServerPolicy, Policy
-from llmkit.engine.speculative import SpecParams
+from llmkit.engine.prompt_cache import Choice, choose_entry
+from llmkit.engine.speculative import Drafter, SpecParams, SpecType
+from llmkit.llama import Model, Sampler, SamplingParams
+from llmkit.text import StopMatcher
 
 # Tokens per step beside a running stream, by default: a step that reads a prompt chunk costs about as much as
 # its tokens, so this bounds the pause that a burst of long prompts puts between two tokens of a running stream
@@ -51,8 +56,12 @@ class EngineConfig:
     a request whose prefix another slot is reading now waits for those cells instead of reading them too (SGLang's
     radix cache and in-batch prefix caching, on llama.cpp's unified KV cache).
 
-    ``policy`` (llmkit's own): who goes first, which slot a request gets, which running job makes room for it,
-    whose prompt fills a step first (``llmkit.engine.policy``: llama-server's rules, or your own).
+    The plug-ins (llmkit's own), each a seam for your own code, each reported by name in ``/props`` (``PLUG_INS``):
+    ``policy``, who goes first, which slot a request gets, which running job makes room for it, whose prompt fills a
+    step first (``llmkit.engine.policy``: llama-server's rules, or your own); ``drafter``, a speculation mode of your
+    own (it says its ``n_max``; None: ``speculative``'s); ``sampler`` and ``stop_matcher``, what each request's job
+    samples with and matches stop strings with; ``cache_choice``, which cached prompt the prompt cache brings back
+    (``prompt_cache.choose_entry``: llama-server's rule).
     """
 
     n_parallel: int = -1  # -np
@@ -70,12 +79,20 @@ class EngineConfig:
     kv_events: bool = False  # llmkit's --kv-events (the engine's half: the events; the server publishes them)
     kv_block_size: int = DEFAULT_BLOCK_SIZE  # llmkit's --kv-block-size: tokens per block of the KV events
     kv_share: bool = False  # llmkit's --kv-share: prefixes' KV cells shared by the slots (needs kv_unified)
+    drafter: Drafter | None = None  # llmkit's --drafter: your own speculation (None: --spec-type's)
+    sampler: Callable[[Model, SamplingParams], Sampler] = Sampler  # each request's sampler, from its sampling settings
+    stop_matcher: Callable[[tuple[str, ...]], StopMatcher] = StopMatcher  # each request's stop-string matcher
+    cache_choice: Choice = choose_entry  # which cached prompt the prompt cache brings back (llama-server's rule)
+
+    @property
+    def speculates(self) -> bool:
+        return self.drafter is not None or self.speculative.type is not SpecType.NONE
 
     def to_dict(self) -> dict:
-        """Every setting, as ``/props`` reports it (the policy and the speculation mode by their names)."""
-        settings = asdict(replace(self, policy=LlamaServerPolicy())) | {"policy": self.policy.name}
-        settings["speculative"]["type"] = self.speculative.type.value
-        return settings
+        """Every setting, as ``/props`` reports it (the plug-ins and the speculation mode by their names)."""
+        settings = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in PLUG_INS}
+        settings["speculative"] = asdict(self.speculative) | {"type": self.speculative.type.value}
+        return settings | {name: name_of(getattr(self, name)) for name in PLUG_INS}
 
     def resolved(self) -> EngineConfig:
         """Checked (``ValueError`` says what is wrong), with the automatic settings made concrete."""
@@ -97,3 +114,16 @@ class EngineConfig:
         return replace(
             self, n_parallel=n_parallel, kv_unified=kv_unified, cache_idle_slots=self.cache_idle_slots and self.cache_ram_mib != 0
         )
+
+
+PLUG_INS = ("policy", "drafter", "sampler", "stop_matcher", "cache_choice")
+
+
+def name_of(part: Any) -> str | None:
+    """How ``/props`` names a plug-in: its ``name`` if it has one (a policy), else its class or function's path."""
+    if part is None:
+        return None
+    if isinstance(getattr(part, "name", None), str):
+        return part.name
+    made = part if callable(part) and hasattr(part, "__qualname__") else type(part)
+    return f"{made.__module__}.{made.__qualname__}"

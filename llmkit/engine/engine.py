@@ -79,12 +79,13 @@ class Engine:
         self.config = replace(
             config, cache_reuse=config.cache_reuse * self.ctx.can_shift, context_shift=config.context_shift and self.ctx.can_shift
         )
-        if config.speculative.type is not SpecType.NONE and not self.ctx.can_shift:
+        if config.speculates and not self.ctx.can_shift:
             log.warning("speculative decoding is off: this model's memory cannot drop a rejected draft")
-            self.config = replace(self.config, speculative=replace(config.speculative, type=SpecType.NONE))
-        self.drafter = make_drafter(self.config.speculative)  # None: no speculation (--spec-type none)
+            self.config = replace(self.config, speculative=replace(config.speculative, type=SpecType.NONE), drafter=None)
+        self.drafter = self.config.drafter or make_drafter(self.config.speculative)  # None: no speculation
         self.counters = Counters()
-        self.scheduler = Scheduler(self.config, self.ctx, partial(Job.start, self.model), self.counters)
+        start_job = partial(Job.start, self.model, sampler=config.sampler, stop_matcher=config.stop_matcher)
+        self.scheduler = Scheduler(self.config, self.ctx, start_job, self.counters)
         self.batch = Batch(self.ctx.n_batch)
         # what the slots and the prompt cache hold, told at each step's end (None: off); readers subscribe to its batches
         self.kv_events = KVEventTracker(config.kv_block_size, shares=config.kv_share) if config.kv_events else None
@@ -226,7 +227,7 @@ class Engine:
         drafts = {}
         for slot, job in streams:
             params = job.request.params
-            wanted = self.config.speculative.n_max if params.n_draft_max is None else params.n_draft_max
+            wanted = self.drafter.n_max if params.n_draft_max is None else params.n_draft_max
             n_max = min(wanted, job.draft_window, share, slot.n_ctx - slot.n_past - 2)
             if params.max_tokens > 0:
                 n_max = min(n_max, params.max_tokens - len(job.output) - 1)
@@ -268,7 +269,7 @@ class Engine:
         for chunk in plan:
             if chunk.is_prompt and chunk.job.is_generating and self.drafter is not None:
                 self.drafter.begin(chunk.slot.id, chunk.slot.cache_tokens)
-                chunk.job.draft_window = self.config.speculative.first_window
+                chunk.job.draft_window = self.config.speculative.next_window(0, self.drafter.n_max)
 
     def record(self, plan: list[Chunk], accepted: dict[int, int], t0: float, decode_seconds: float) -> StepRecord:
         batch = tuple(Share(c.slot.id, len(c.tokens), c.is_prompt, c.i_logits >= 0, len(c.draft), accepted.get(c.slot.id, 0)) for c in plan)
@@ -314,7 +315,7 @@ class Engine:
         slot.truncate(self.ctx, chunk.pos + 1 + n_accepted)
         job.accept_draft(len(chunk.draft), n_accepted)
         self.counters.record_draft(len(chunk.draft), n_accepted)
-        job.draft_window = self.config.speculative.next_window(n_accepted)
+        job.draft_window = self.config.speculative.next_window(n_accepted, self.drafter.n_max if self.drafter else None)
         if self.drafter is not None:
             self.drafter.accept(slot.id, len(chunk.draft), n_accepted)
 

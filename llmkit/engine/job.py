@@ -10,10 +10,11 @@ plan carries both (``scheduler.Chunk``). So a job can leave its slot and come ba
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llmkit.engine.request import End, Outcome, Piece, Request, TokenLogprob
-from llmkit.llama import Model, Sampler
+from llmkit.llama import Model, Sampler, SamplingParams
 from llmkit.text import Detokenizer, StopMatcher
 from llmkit.timings import Timings
 
@@ -40,13 +41,16 @@ class Job:
     t_first: float = 0.0  # its first token (0: none yet)
 
     @classmethod
-    def start(cls, model: Model, request: Request, n_keep: int, n_moved: int) -> Job:
+    def start(
+        cls, model: Model, request: Request, n_keep: int, n_moved: int, *,
+        sampler: Callable[[Model, SamplingParams], Sampler] = Sampler, stop_matcher: Callable[[tuple[str, ...]], StopMatcher] = StopMatcher,
+    ) -> Job:  # fmt: skip
         """The job of ``request`` on a slot that holds its prompt's first ``n_keep`` tokens (``n_moved`` of them moved
-        into place). Building the sampler may raise (a grammar): the engine then fails the request alone."""
-        params = request.params
-        sampler = Sampler(model, params.sampling)
-        detok, stops = Detokenizer(model.token_to_piece), StopMatcher(params.stop)
-        return cls(request, sampler, detok, stops, request.prompt, n_keep, n_cached=n_keep, n_moved=min(n_moved, n_keep))
+        into place), with a sampler and a stop matcher of the kinds given (``EngineConfig``'s). Building the sampler may
+        raise (a grammar): the engine then fails the request alone."""
+        params, detok = request.params, Detokenizer(model.token_to_piece)
+        made = sampler(model, params.sampling)
+        return cls(request, made, detok, stop_matcher(params.stop), request.prompt, n_keep, n_cached=n_keep, n_moved=min(n_moved, n_keep))
 
     def resume(self, n_keep: int) -> None:
         """Go on after a preemption, on a slot holding the first ``n_keep`` tokens of what it had read and generated."""

@@ -1,27 +1,29 @@
-"""Plug-ins given by name on the command line: a built-in one's name, or ``package.module:Class`` for your own (any
-importable module: your package, or a file on ``PYTHONPATH``), called with no arguments.
+"""Plug-ins given by name on the command line: a built-in one's name, or ``package.module:Name`` for your own (any
+importable module: your package, or a file on ``PYTHONPATH``). Each fills a seam of ``EngineConfig`` (``PLUG_INS``).
 
-    llmkit serve slots --scheduling-policy mypolicies:RoundRobin
+    llmkit serve slots --scheduling-policy mypolicies:RoundRobin --drafter mydrafts:PromptLookup
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
-from typing import TypeVar
-
-T = TypeVar("T")
+from collections.abc import Mapping
+from typing import Any
 
 
-def load(spec: str, builtins: Mapping[str, Callable[[], T]], kind: str) -> T:
-    """The plug-in ``spec`` names (``ValueError`` says why not): a built-in by name, else ``module:Class``, made."""
+def find(spec: str, builtins: Mapping[str, Any], kind: str) -> Any:
+    """What ``spec`` names (``ValueError`` says why nothing): a built-in by name, else ``module:Name``'s object."""
     if spec in builtins:
-        return builtins[spec]()
+        return builtins[spec]
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise ValueError(f"unknown {kind} {spec!r}: one of {', '.join(builtins)}, or package.module:Class")
+        raise ValueError(f"unknown {kind} {spec!r}: one of {', '.join(builtins) or 'none built in'}, or package.module:Name")
     try:
-        made = getattr(importlib.import_module(module_name), attr)
+        return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"{kind} {spec!r} cannot be loaded: {exc}") from exc
-    return made()
+
+
+def load(spec: str, builtins: Mapping[str, Any], kind: str) -> Any:
+    """``find``, then made with no arguments (a policy, a drafter: an object of the class named)."""
+    return find(spec, builtins, kind)()

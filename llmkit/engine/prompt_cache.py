@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import mmap
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmkit.engine.memory import KVMemory
@@ -37,8 +38,27 @@ class CachedPrompt:
         return len(self.state)
 
 
+Choice = Callable[[list[list[int]], list[int], list[int]], int | None]  # (entries, held, prompt) -> an entry's index, or None
+
+
+def choose_entry(entries: list[list[int]], held: list[int], prompt: list[int]) -> int | None:
+    """Which cached prompt serves ``prompt`` better than the ``held`` tokens its sequence holds: its index in
+    ``entries`` (oldest first), or None (server_prompt_cache::load's rule). "Better" is more of the prompt (f_sim) AND
+    more of itself kept (f_keep), and an entry that would keep under a quarter of itself is never taken."""
+    lcp = common_prefix(held, prompt)
+    keep_best = lcp / len(held) if held else -1.0  # an empty slot: any entry wins
+    sim_best, best = lcp / len(prompt), None
+    for i, tokens in enumerate(entries):
+        lcp = common_prefix(tokens, prompt)
+        keep, sim = lcp / len(tokens), lcp / len(prompt)
+        if keep >= MIN_KEEP and keep > keep_best and sim > sim_best:
+            best, keep_best, sim_best = i, keep, sim
+    return best
+
+
 class PromptCache:
-    def __init__(self, limit_mib: int, limit_tokens: int):
+    def __init__(self, limit_mib: int, limit_tokens: int, choose: Choice = choose_entry):
+        self.choose = choose  # which entry comes back for a prompt (EngineConfig.cache_choice: llama-server's rule, or yours)
         self.limit_bytes = limit_mib * MIB if limit_mib > 0 else 0  # 0: no limit in bytes (--cache-ram -1)
         self.limit_tokens = limit_tokens  # llama-server passes n_ctx
         self.entries: list[CachedPrompt] = []  # oldest first
@@ -68,27 +88,17 @@ class PromptCache:
         return True
 
     def load(self, ctx: KVMemory, seq_id: int, tokens: list[int], prompt: list[int]) -> list[int] | None:
-        """Restore the entry that serves ``prompt`` better than the ``tokens`` the sequence holds.
-
-        (server_prompt_cache::load.) "Better" is more of the prompt (f_sim) AND more of
-        itself kept (f_keep), and an entry that would keep under a quarter of itself
-        is never taken. The entry moves into the sequence: it leaves the cache.
-        Returns the sequence's new tokens, or None when nothing beats what it holds
-        ([] if llama.cpp failed to restore: the sequence is then empty).
+        """Restore the entry that serves ``prompt`` better than the ``tokens`` the sequence holds (server_prompt_cache::load:
+        ``choose``, then the move). The entry moves into the sequence: it leaves the cache. Returns the sequence's new
+        tokens, or None when nothing beats what it holds ([] if llama.cpp failed to restore: the sequence is then empty).
         """
-        lcp = common_prefix(tokens, prompt)
-        keep_best = lcp / len(tokens) if tokens else -1.0  # an empty slot: any entry wins
-        sim_best = lcp / len(prompt)
-        best = None
-        for entry in self.entries:
-            lcp = common_prefix(entry.tokens, prompt)
-            keep, sim = lcp / len(entry.tokens), lcp / len(prompt)
-            if keep >= MIN_KEEP and keep > keep_best and sim > sim_best:
-                best, keep_best, sim_best = entry, keep, sim
-        if best is None:
+        i = self.choose([list(entry.tokens) for entry in self.entries], list(tokens), list(prompt))
+        if i is None:
             self.misses += 1
             return None
-        self.entries.remove(best)
+        if not isinstance(i, int) or not 0 <= i < len(self.entries):
+            raise ValueError(f"the prompt cache's choice returned {i!r}: an index of its {len(self.entries)} entries, or None")
+        best = self.entries.pop(i)
         if not ctx.set_seq_state(seq_id, best.state):  # llama-server then clears the slot: so do we
             ctx.seq_rm(seq_id, 0, -1)
             return []

@@ -189,7 +189,7 @@ class Scheduler:
         self.config, self.memory, self.start_job, self.counters = config, memory, start_job, counters
         self.policy = config.policy  # who goes first, which slot, who makes room (llama-server's rules by default)
         self.slots = [Slot(i, memory.n_ctx_seq) for i in range(config.n_parallel)]
-        self.prompt_cache = PromptCache(config.cache_ram_mib, memory.n_ctx) if config.cache_ram_mib != 0 else None
+        self.prompt_cache = PromptCache(config.cache_ram_mib, memory.n_ctx, config.cache_choice) if config.cache_ram_mib != 0 else None
         self.waiting: deque[Request] = deque()  # in arrival order (the policy orders them)
         self.suspended: dict[int, Job] = {}  # preempted jobs, by request id: their requests wait again
         self._faults: set[str] = set()  # the kinds of fault the policy showed, each logged once

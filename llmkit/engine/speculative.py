@@ -70,8 +70,9 @@ class SpecParams:
         """The longest first draft of a request: as after a draft that kept nothing."""
         return self.next_window(0)
 
-    def next_window(self, n_accepted: int) -> int:
-        """The longest next draft of a request whose last draft kept ``n_accepted`` tokens.
+    def next_window(self, n_accepted: int, n_max: int | None = None) -> int:
+        """The longest next draft of a request whose last draft kept ``n_accepted`` tokens (``n_max``: the drafter's
+        longest, when it is your own; else the mode's).
 
         llama-server drafts as long as the mode finds tokens, every time. On a CPU, verifying a draft of 48
         tokens costs about as much as 20 one-token steps, so a long draft that is rejected early loses time
@@ -80,11 +81,15 @@ class SpecParams:
         ``slow_start``): a draft accepted whole doubles the window, one cut early shrinks it to what
         the text has been repeating.
         """
-        return min(max(2 * n_accepted, self.slow_start), self.n_max) if self.slow_start else self.n_max
+        n_max = self.n_max if n_max is None else n_max
+        return min(max(2 * n_accepted, self.slow_start), n_max) if self.slow_start else n_max
 
 
 class Drafter(Protocol):
-    """What the engine asks of a speculation mode (~ ``common_speculative_impl``)."""
+    """What the engine asks of a speculation mode (~ ``common_speculative_impl``); your own goes in
+    ``EngineConfig(drafter=...)`` (or ``--drafter package.module:Class``)."""
+
+    n_max: int  # the longest draft it proposes
 
     def begin(self, seq: int, prompt: list[int]) -> None:
         """A slot has read its prompt (``begin``)."""
@@ -113,6 +118,7 @@ class NgramSimple:
 
     def __init__(self, size_n: int = 12, size_m: int = 48):
         self.size_n, self.size_m = size_n, size_m
+        self.n_max = size_m
 
     def begin(self, seq: int, prompt: list[int]) -> None:
         pass

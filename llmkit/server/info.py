@@ -18,7 +18,6 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from llmkit.engine import SlotStatus
-from llmkit.engine.speculative import SpecType
 from llmkit.llama import Model
 from llmkit.server import metrics
 from llmkit.server.dialects.openai_chat import ChatCompletionRequest
@@ -98,7 +97,7 @@ async def slots(state: State) -> list[dict]:
     if not state.settings.slots:
         raise ApiError(501, "This server does not support slots endpoint. Start it with `--slots`")
     status = await state.status()
-    speculative = status.config.speculative.type is not SpecType.NONE
+    speculative = status.config.speculates
     return [slot_json(slot, speculative) for slot in status.slots]
 
 

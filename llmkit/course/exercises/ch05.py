@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
 from typing import Any, cast
-from unittest import mock
 
 from llmkit.course import tr
 from llmkit.course.exercises import expect, servers
 from llmkit.course.exercises.core import ENGINE, HIDDEN, LIVE, LLAMA, Chapter, Guard, Wrong, call
 from llmkit.course.exercises.lab import LAB, one_by_one, quiet_engine
 from llmkit.engine.policy import choose_slot
-from llmkit.engine.prompt_cache import MIB, MIN_KEEP, PromptCache
+from llmkit.engine.prompt_cache import MIB, MIN_KEEP, choose_entry
 from llmkit.engine.request import RequestParams
 from llmkit.engine.slot import Slot, common_prefix
 
@@ -191,28 +189,6 @@ def check_rule(rule: Callable) -> None:
             raise Wrong(tr("{case}: yours brings back {kind}, not the entry the prompt cache would", case=case, kind=kind))
 
 
-@contextmanager
-def load_rule(rule: Callable) -> Iterator[None]:
-    """The engine's prompt cache picks the entry to restore with ``rule`` while the block runs."""
-    original = PromptCache.load
-
-    def load(self: PromptCache, ctx, seq_id: int, tokens: list[int], prompt: list[int]) -> list[int] | None:
-        i = rule([list(e.tokens) for e in self.entries], list(tokens), list(prompt))
-        if i is None:
-            self.misses += 1
-            return None
-        best = self.entries.pop(i)
-        if not ctx.set_seq_state(seq_id, best.state):
-            ctx.seq_rm(seq_id, 0, -1)
-            return []
-        self.hits += 1
-        return best.tokens
-
-    with mock.patch.object(PromptCache, "load", load):
-        yield
-    assert PromptCache.load is original
-
-
 WORKLOAD = ["library", "harbour", "library again", "recipe", "harbour again", "library at last"]
 
 
@@ -232,8 +208,8 @@ def engine_cache_n(rule: Callable | None, guard: Guard | None = None) -> list[in
     """cache_n of each request of the workload, on a real engine with one slot (the rule: the learner's, or llmkit's)."""
     from llmkit.engine import Engine, EngineConfig, RequestParams
 
-    config = EngineConfig(n_parallel=1, n_ctx=1024, n_threads=1, cache_ram_mib=64)
-    with quiet_engine(), load_rule(rule) if rule else nullcontext(), Engine(LAB.model(), config) as engine:
+    config = EngineConfig(n_parallel=1, n_ctx=1024, n_threads=1, cache_ram_mib=64, cache_choice=rule or choose_entry)
+    with quiet_engine(), Engine(LAB.model(), config) as engine:
         params = RequestParams.of(max_tokens=1, temperature=0)
         finished = one_by_one(lambda prompt: engine.submit(prompt, params), workload_prompts(), guard)
     failed = [r.error for r in finished if r.error is not None]
@@ -263,3 +239,46 @@ def q4(choose_entry) -> str:
                            "a different number on llama-server", i=i + 1, name=WORKLOAD[i], yours=a))  # fmt: skip
     return tr("the same entries as the prompt cache on {n} hidden cases; in a real engine your rule reused {yours} prompt tokens "
               "over the workload, as llama-server did", n=len(ENTRY_CASES), yours=sum(yours))  # fmt: skip
+
+
+# --- exercise 5: the cells a burst holds, unshared and shared ------------------------------------------------------
+
+BURSTS = ((4, 60, (12, 9, 20, 5), 3), (3, 200, (40, 1, 17), 6), (2, 45, (3, 30), 2))  # slots, prefix, suffixes, max_tokens
+
+
+def burst_prompts(n_common: int, suffixes: tuple[int, ...]) -> list[list[int]]:
+    """One prefix, then each request's own tokens (their first ones differ: the prefix is exactly ``n_common``)."""
+    prefix = [500 + 7 * i for i in range(n_common)]
+    return [[*prefix, 9000 + k, *(3000 + 11 * k + j for j in range(n - 1))] for k, n in enumerate(suffixes)]
+
+
+def engine_cells(n_slots: int, prompts: list[list[int]], max_tokens: int, share: bool) -> int:
+    """The KV cells the slots of a real engine hold once the burst has been answered (``/metrics``' kv_cells_used)."""
+    from llmkit.engine import Engine, EngineConfig
+
+    config = EngineConfig(n_parallel=n_slots, n_ctx=2048, n_threads=1, kv_unified=True, kv_share=share, cache_ram_mib=0)
+    with quiet_engine(), Engine(LAB.model(), config) as engine:
+        burst = [engine.submit(p, RequestParams.of(max_tokens=max_tokens, temperature=0, ignore_eos=True)) for p in prompts]
+        for request in burst:
+            request.result()
+        return engine.status().cells.used
+
+
+@CHAPTER.exercise(5, answers=("cells_held",), compares=(HIDDEN, ENGINE),
+                  writes="the KV cells a burst holds, unshared and with --kv-share (a function), in a real engine")  # fmt: skip
+def q5(cells_held) -> str:
+    rule = expect.function("cells_held", cells_held, 3)
+    for n_slots, n_common, suffixes, max_tokens in BURSTS:
+        prompts = burst_prompts(n_common, suffixes)
+        lengths = [len(p) for p in prompts]
+        case = tr("{n} prompts of {lengths} tokens sharing their first {common}, {k} tokens each", n=len(prompts),
+                  lengths=lengths, common=n_common, k=max_tokens)  # fmt: skip
+        yours = expect.whole_numbers("cells_held", call(rule, lengths, n_common, max_tokens, case=case))
+        if len(yours) != 2:
+            raise Wrong(tr("cells_held returns two numbers: the cells held unshared, then shared"))
+        for (kind, share), number in zip(((tr("unshared"), False), (tr("shared"), True)), yours, strict=True):
+            held = engine_cells(n_slots, prompts, max_tokens, share)
+            if number != held:
+                raise Wrong(tr("{case}, {kind}: yours says {yours} cells, the engine's slots held {held}", case=case, kind=kind,
+                               yours=number, held=held))  # fmt: skip
+    return tr("right on {n} bursts: in a real engine, the cells its slots held unshared and with --kv-share", n=len(BURSTS))

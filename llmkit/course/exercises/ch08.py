@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
-from unittest import mock
 
 import httpx
 
@@ -178,28 +177,24 @@ def check_matcher(make: Callable[[list[str]], Any]) -> None:
                                case=case, k=k, yours=released))  # fmt: skip
 
 
-@contextmanager
-def matcher_in_engine(make: Callable[[list[str]], Any]) -> Iterator[None]:
-    """Every job the engine starts gets ``make(stops)`` as its stop matcher while the block runs (``Job.start``)."""
-    with mock.patch("llmkit.engine.job.StopMatcher", lambda stops=(): make(list(stops))):
-        yield
-
-
 STOP_REQUESTS = [("Count from one to twenty in words: one, two, three,", [" seven", "ten"]),
                  ("Write the days of the week, one per line:\n", ["Thursday", "\nFri"]),
                  ("The recipe for tea: boil water,", [".", "milk"])]  # fmt: skip
 
 
+def matcher_of(make: Callable[[list[str]], Any] | None) -> Callable[[tuple[str, ...]], StopMatcher]:
+    """The engine's stop-matcher seam (``EngineConfig.stop_matcher``) filled with the learner's class, or llmkit's."""
+    return StopMatcher if make is None else lambda stops: make(list(stops))
+
+
 def engine_stops(make: Callable[[list[str]], Any] | None, guard: Guard | None = None) -> list[tuple[str, str]]:
     """Each stop request, greedy, in a real engine: (its text, the stop string that ended it, or "")."""
-    from contextlib import nullcontext
 
     from llmkit.engine import Engine, EngineConfig
 
     with (
         quiet_engine(),
-        matcher_in_engine(make) if make else nullcontext(),
-        Engine(LAB.model(), EngineConfig(n_parallel=1, n_ctx=1024, n_threads=1)) as engine,
+        Engine(LAB.model(), EngineConfig(n_parallel=1, n_ctx=1024, n_threads=1, stop_matcher=matcher_of(make))) as engine,
     ):
 
         def submit(request: tuple[str, list[str]]) -> Any:

@@ -22,11 +22,13 @@ def copy_of(name: str) -> str:
     return "".join(lines[:30]) + "\n\n" + "".join(lines[:8])
 
 
-def speculating(**params: Any) -> Any:
+def speculating(drafter: Any = None, **params: Any) -> Any:
+    """An engine that speculates: with ngram-simple (its ``params``), or with ``drafter`` (EngineConfig's seam)."""
     from llmkit.engine import Engine, EngineConfig
     from llmkit.engine.speculative import SpecParams, SpecType
 
-    return Engine(LAB.model(), EngineConfig(n_parallel=1, n_ctx=2048, n_threads=1, speculative=SpecParams(SpecType.NGRAM_SIMPLE, **params)))
+    speculative = SpecParams() if drafter is not None else SpecParams(SpecType.NGRAM_SIMPLE, **params)
+    return Engine(LAB.model(), EngineConfig(n_parallel=1, n_ctx=2048, n_threads=1, speculative=speculative, drafter=drafter))
 
 
 # --- exercise 1: the size of the n-gram ----------------------------------------------------------------------------
@@ -37,9 +39,8 @@ def drafted_by_size() -> dict[int, tuple[int, int]]:
     from llmkit.engine.speculative import NgramSimple
 
     out = {}
-    with speculating() as engine:
-        for size_n in (12, 2):
-            engine.drafter = NgramSimple(size_n, 48)
+    for size_n in (12, 2):
+        with speculating(NgramSimple(size_n, 48)) as engine:
             r = engine.complete(copy_of("text.py"), max_tokens=96, temperature=0, ignore_eos=True)
             r.result()
             assert r.outcome is not None
@@ -196,8 +197,7 @@ class Watched:
 
 def engine_drafts(drafter: Any) -> tuple[int, int, str]:
     """A copy prompt the notebook never used, greedy, 64 tokens, in a real engine with ``drafter``: drafted, accepted, the text."""
-    with quiet_engine(), speculating() as engine:
-        engine.drafter = drafter
+    with quiet_engine(), speculating(drafter) as engine:
         r = engine.complete(copy_of("engine/slot.py"), max_tokens=64, temperature=0, ignore_eos=True)
         wait(r)
         timings = r.outcome.timings if r.outcome is not None else None
