@@ -46,7 +46,7 @@ from llmkit.engine.prompt_cache import PromptCache
 from llmkit.engine.request import ContextSizeError, End, EngineError, KVState, Request, RequestParams, TokenLogprob
 from llmkit.engine.scheduler import Chunk, Scheduler, Started
 from llmkit.engine.slot import Slot
-from llmkit.engine.speculative import SpecType, make_drafter
+from llmkit.engine.speculative import SpecType, longest_draft, make_drafter
 from llmkit.engine.status import EngineStatus
 from llmkit.engine.steps import Counters, Share, StepRecord
 from llmkit.llama import Batch, Context, DecodeError, KVCacheFullError, Model
@@ -227,7 +227,7 @@ class Engine:
         drafts = {}
         for slot, job in streams:
             params = job.request.params
-            wanted = self.drafter.n_max if params.n_draft_max is None else params.n_draft_max
+            wanted = longest_draft(self.drafter, self.config.speculative) if params.n_draft_max is None else params.n_draft_max
             n_max = min(wanted, job.draft_window, share, slot.n_ctx - slot.n_past - 2)
             if params.max_tokens > 0:
                 n_max = min(n_max, params.max_tokens - len(job.output) - 1)
@@ -269,7 +269,7 @@ class Engine:
         for chunk in plan:
             if chunk.is_prompt and chunk.job.is_generating and self.drafter is not None:
                 self.drafter.begin(chunk.slot.id, chunk.slot.cache_tokens)
-                chunk.job.draft_window = self.config.speculative.next_window(0, self.drafter.n_max)
+                chunk.job.draft_window = self.config.speculative.next_window(0, longest_draft(self.drafter, self.config.speculative))
 
     def record(self, plan: list[Chunk], accepted: dict[int, int], t0: float, decode_seconds: float) -> StepRecord:
         batch = tuple(Share(c.slot.id, len(c.tokens), c.is_prompt, c.i_logits >= 0, len(c.draft), accepted.get(c.slot.id, 0)) for c in plan)
@@ -315,7 +315,7 @@ class Engine:
         slot.truncate(self.ctx, chunk.pos + 1 + n_accepted)
         job.accept_draft(len(chunk.draft), n_accepted)
         self.counters.record_draft(len(chunk.draft), n_accepted)
-        job.draft_window = self.config.speculative.next_window(n_accepted, self.drafter.n_max if self.drafter else None)
+        job.draft_window = self.config.speculative.next_window(n_accepted, longest_draft(self.drafter, self.config.speculative))
         if self.drafter is not None:
             self.drafter.accept(slot.id, len(chunk.draft), n_accepted)
 

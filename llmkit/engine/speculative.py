@@ -87,9 +87,8 @@ class SpecParams:
 
 class Drafter(Protocol):
     """What the engine asks of a speculation mode (~ ``common_speculative_impl``); your own goes in
-    ``EngineConfig(drafter=...)`` (or ``--drafter package.module:Class``)."""
-
-    n_max: int  # the longest draft it proposes
+    ``EngineConfig(drafter=...)`` (or ``--drafter package.module:Class``). An ``n_max`` attribute, if it has one, is the
+    longest draft it proposes (``longest_draft``); without, the ``--spec-type`` mode's."""
 
     def begin(self, seq: int, prompt: list[int]) -> None:
         """A slot has read its prompt (``begin``)."""
@@ -100,6 +99,11 @@ class Drafter(Protocol):
 
     def accept(self, seq: int, n_drafted: int, n_accepted: int) -> None:
         """How the last draft fared (``accept``)."""
+
+
+def longest_draft(drafter: Drafter | None, params: SpecParams) -> int:
+    """The longest draft the engine asks ``drafter`` for: its own ``n_max`` if it says one, else the mode's."""
+    return int(getattr(drafter, "n_max", params.n_max))
 
 
 def make_drafter(params: SpecParams) -> Drafter | None:

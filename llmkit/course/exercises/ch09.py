@@ -23,11 +23,12 @@ def copy_of(name: str) -> str:
 
 
 def speculating(drafter: Any = None, **params: Any) -> Any:
-    """An engine that speculates: with ngram-simple (its ``params``), or with ``drafter`` (EngineConfig's seam)."""
+    """An engine that speculates with ngram-simple (its ``params``: the longest draft, the window), drafting with
+    ``drafter`` if given (EngineConfig's seam), else with ngram-simple's own."""
     from llmkit.engine import Engine, EngineConfig
     from llmkit.engine.speculative import SpecParams, SpecType
 
-    speculative = SpecParams() if drafter is not None else SpecParams(SpecType.NGRAM_SIMPLE, **params)
+    speculative = SpecParams(SpecType.NGRAM_SIMPLE, **params)
     return Engine(LAB.model(), EngineConfig(n_parallel=1, n_ctx=2048, n_threads=1, speculative=speculative, drafter=drafter))
 
 
