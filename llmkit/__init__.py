@@ -4,6 +4,7 @@ Map of the package (each module one role, named after llama-server's files). The
 
     models      where a model comes from: the embedded default, a path, the catalog + download
     llama       thin typed layer over llama-cpp-python's low-level API
+    sampling    the sampler chain that picks the next token (llama-server's defaults)
     text        incremental UTF-8 detokenizer and stop-string matcher
     timings     llama-server's per-request timings, which both servers report
     grammar/    structured output for the server: JSON Schema -> GBNF, checked, parsed once per model

@@ -6,10 +6,9 @@ and freeing it in ``close()``:
 - ``Model``    a loaded GGUF: vocabulary, tokenizer, chat template   (llama_model)
 - ``Context``  the KV cache and the compute graph, one sequence per slot (llama_context)
 - ``Batch``    the tokens handed to one ``llama_decode`` call          (llama_batch)
-- ``Sampler``  a sampler chain that picks the next token               (llama_sampler)
-- ``GrammarSampler`` a grammar over the vocabulary, the only token mask (llama_sampler_init_grammar);
-  ``Grammar`` holds GBNF text and its checked parse, which each slot's ``Sampler`` clones;
-  ``Trigger`` holds a lazy grammar back until its word is written
+
+The sampler chain that picks the next token is ``llmkit.sampling``'s; the grammar a
+sampler masks the vocabulary with is ``llmkit.grammar``'s (``llmkit.grammar.sampler``).
 
 Nothing here knows about HTTP, slots or requests. The same calls appear in
 llama-server's ``server-context.cpp`` (``llama_decode``, ``common_batch_add``,
@@ -25,11 +24,10 @@ import logging
 import mmap
 import os
 import threading
-import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import llama_cpp as lc
 import numpy as np
@@ -393,174 +391,39 @@ class Batch:
             self.handle = None
 
 
-# --- Sampler --------------------------------------------------------------------
+# --- The grammars parsed for a model ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """Per-request sampling settings, with llama-server's defaults (~ ``common_params_sampling``: ``ignore_eos`` is
-    one of them there too, a -inf bias on the end tokens; how long to go and where to stop are the request's,
-    ``llmkit.engine.RequestParams``)."""
+class Parsed(Protocol):
+    """What ``Grammars`` keeps: a parse of ``text`` holding a llama.cpp handle into the model's vocabulary."""
 
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    seed: int | None = None
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    ignore_eos: bool = False
-    logit_bias: tuple[tuple[int | str, float], ...] = ()  # (token or text, bias): added to the logits (a text: its tokens)
-    grammar: str | Grammar | None = None  # GBNF text (root rule "root"), or a Grammar: parsed and checked once (grammar.compile)
-    grammar_trigger: str | None = None  # lazy grammar: free text until this word is written, then the grammar
+    @property
+    def text(self) -> str: ...
+
+    def close(self) -> None: ...
 
 
-LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp: pick a random seed
-
-
-class GrammarSampler:
-    """llama.cpp's grammar sampler over one model's vocabulary (llama_sampler_init_grammar).
-
-    The only code that masks the vocabulary: ``allows`` asks about one token,
-    ``masked`` sets every token the grammar does not allow here to -inf, ``accept``
-    moves the grammar on by one token. llama.cpp aborts the process when a grammar
-    accepts a token it does not allow, so callers ask first (``Sampler.sample`` does).
-
-    llmkit's own: a token must also keep the text UTF-8. llama.cpp's grammar reads a
-    character one byte-token at a time and takes some that UTF-8 forbids (overlong
-    F0 82 AA 83, a surrogate, past U+10FFFF); they decode to one U+FFFD per byte,
-    and a string the grammar counted within ``maxLength`` comes out longer.
-    """
-
-    def __init__(self, model: Model, gbnf: str):
-        self._own(model, lc.llama_sampler_init_grammar(model.vocab, gbnf.encode(), b"root"))
-
-    def _own(self, model: Model, handle: ctypes.c_void_p | None) -> None:
-        if not handle:
-            raise ValueError("the grammar does not parse (GBNF)")
-        self.model, self.handle = model, handle
-        self._free = weakref.finalize(self, lc.llama_sampler_free, handle)  # close() frees it, else the collector
-        self._data: ctypes.Array | None = None  # the whole vocabulary as candidates (allocated on first use)
-        self._pending = b""  # the bytes of an unfinished character, accepted so far
-        self._one = (lc.llama_token_data * 1)()
-
-    def clone(self) -> GrammarSampler:
-        """A grammar sampler in this one's state, its own to move on (llama_sampler_clone: no second parse)."""
-        twin = GrammarSampler.__new__(GrammarSampler)
-        twin._own(self.model, lc.llama_sampler_clone(self.handle))
-        twin._pending = self._pending
-        return twin
-
-    def allows(self, token: int) -> bool:
-        one = self._one
-        one[0].id, one[0].logit, one[0].p = token, 1.0, 0.0  # type: ignore[assignment]  # ctypes fields take ints
-        lc.llama_sampler_apply(self.handle, ctypes.byref(lc.llama_token_data_array(one, 1, -1, False)))
-        return one[0].logit != float("-inf") and utf8_tail(self._pending, self.model.pieces[token]) is not None
-
-    def candidates(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> lc.llama_token_data_array:
-        """Every token of the vocabulary with its logit, as llama.cpp's samplers take them (one buffer, refilled);
-        with ``allowed`` (a mask over the vocabulary), the others at -inf.
-
-        The ids are written again each time: the chain sorts the buffer in place (top_k), so
-        after a pick the entry at position t no longer holds token t.
-        """
-        if self._data is None:
-            self._data = (lc.llama_token_data * self.model.n_vocab)()
-            self._view = np.ctypeslib.as_array(self._data)
-            self._ids = np.arange(self.model.n_vocab, dtype=np.int32)
-        self._view["id"], self._view["logit"], self._view["p"] = self._ids, logits, 0.0
-        if allowed is not None:
-            self._view["logit"][~allowed] = float("-inf")
-        return lc.llama_token_data_array(self._data, self.model.n_vocab, -1, False)
-
-    def masked(self, logits: np.ndarray) -> lc.llama_token_data_array:
-        """The candidates with every token the grammar does not allow here at -inf."""
-        cur = self.candidates(logits, self.model.utf8_continues(self._pending))
-        lc.llama_sampler_apply(self.handle, ctypes.byref(cur))
-        if not np.isfinite(self._view["logit"]).any():
-            raise ValueError("the grammar allows no token here")
-        return cur
-
-    def accept(self, token: int) -> None:
-        lc.llama_sampler_accept(self.handle, token)
-        self._pending = utf8_tail(self._pending, self.model.pieces[token]) or b""
-
-    def close(self) -> None:
-        self._free()  # once: later calls do nothing
-
-
-class Trigger:
-    """Where a lazy grammar starts: the text runs free until ``word`` is written, and the grammar
-    applies from the next token on (llama.cpp: ``grammar_lazy`` and its trigger words, which
-    ``common/chat.cpp`` sets for a tool call that the model may or may not make).
-
-    llmkit's own: ``word`` must end where a token ends. A token that would write past it (``>{"``
-    after ``<tool_call``) is refused, and the sampler picks among the others, so the grammar
-    starts on a token boundary. llama.cpp instead replays the rest of such a token into the
-    grammar, and the process aborts when that rest does not fit it.
-    """
-
-    def __init__(self, model: Model, word: str):
-        self.model, self.word = model, word.encode()
-        self.n_written = 0  # how much of ``word`` the text ends with (a proper prefix of it)
-        self.fired = False
-
-    def allowed(self) -> np.ndarray:
-        """Per token: may it come next? (every token but those that would write past ``word``)"""
-        return self.model.word_masks(self.word)[self.n_written]
-
-    def allows(self, token: int) -> bool:
-        return bool(self.allowed()[token])
-
-    def accept(self, token: int) -> None:
-        text = self.word[: self.n_written] + self.model.pieces[token]
-        self.fired = text.endswith(self.word)
-        self.n_written = next((n for n in range(min(len(text), len(self.word) - 1), 0, -1) if text.endswith(self.word[:n])), 0)
-
-
-@dataclass(frozen=True)
-class Grammar:
-    """GBNF ``text`` parsed once for one model: each request's ``Sampler`` clones ``sampler``
-    instead of parsing the text again. ``llmkit.grammar.compile`` makes them, after the
-    checks that keep llama.cpp from hanging or crashing on it.
-
-    ``sampler`` owns a llama.cpp handle: share a Grammar, never copy it (``dataclasses.asdict``
-    would: code that lists ``SamplingParams`` reads its fields with ``vars`` instead)."""
-
-    text: str
-    sampler: GrammarSampler = field(repr=False)
-
-    @classmethod
-    def parse(cls, text: str, model: Model) -> Grammar:
-        """``text`` parsed for ``model``; ValueError with llama.cpp's reason if it refuses it."""
-        with capture_errors() as errors:
-            try:
-                sampler = GrammarSampler(model, text)
-            except ValueError:
-                raise ValueError("; ".join(line.strip() for line in errors) or "llama.cpp gave no reason") from None
-        model.utf8_continues(b"")  # the vocabulary's bytes, read here (~0.4 s once), not in the engine's step
-        return cls(text, sampler)
+P = TypeVar("P", bound=Parsed)
 
 
 class Grammars:
-    """The grammars parsed for one model, by their text, so a grammar sent again is parsed once (each request's
-    ``Sampler`` clones it). The oldest beyond ``limit`` are let go (a request still using one keeps it alive);
-    all are freed when the model closes. Safe from several threads (the server compiles off its event loop)."""
+    """The grammars parsed for one model (``llmkit.grammar.Grammar``, which ``llmkit.grammar.check`` keeps here), by their
+    text, so a grammar sent again is parsed once (each request's sampler clones it). The oldest beyond ``limit`` are let go
+    (a request still using one keeps it alive); all are freed when the model closes. Safe from several threads (the
+    server compiles off its event loop)."""
 
     def __init__(self, limit: int = 256):
         self.limit = limit
-        self._kept: OrderedDict[str, Grammar] = OrderedDict()
+        self._kept: OrderedDict[str, Parsed] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, text: str) -> Grammar | None:
+    def get(self, text: str) -> Parsed | None:
         with self._lock:
             if (grammar := self._kept.get(text)) is not None:
                 self._kept.move_to_end(text)
             return grammar
 
-    def keep(self, grammar: Grammar) -> Grammar:
+    def keep(self, grammar: P) -> P:
         with self._lock:
             self._kept[grammar.text] = grammar
             while len(self._kept) > self.limit:
@@ -573,106 +436,5 @@ class Grammars:
     def clear(self) -> None:
         with self._lock:
             for grammar in self._kept.values():
-                grammar.sampler.close()
+                grammar.close()
             self._kept.clear()
-
-
-class Sampler:
-    """A llama.cpp sampler chain built from ``SamplingParams``.
-
-    Order as llama-server's common_sampler: [grammar] -> penalties -> top_k ->
-    top_p -> min_p -> temperature -> dist, or greedy when temperature <= 0.
-    The chain owns its samplers: freeing the chain frees them all.
-
-    The grammar sampler stays out of the chain, as in common_sampler: llama.cpp
-    aborts the process when a grammar accepts a token it does not allow (which
-    ``llama_sampler_sample`` does when the grammar leaves no token at all), so
-    ``sample`` checks the token before the grammar accepts it. A ``Grammar`` is
-    cloned (parsed and checked before the request was queued); GBNF text, or a Grammar
-    parsed for another model, is parsed here.
-    """
-
-    live = 0  # chains not yet freed, across the process (tests count them to catch leaks)
-
-    def __init__(self, model: Model, params: SamplingParams):
-        self.handle = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
-        Sampler.live += 1
-        self.grammar: GrammarSampler | None = None
-        self.trigger: Trigger | None = None  # a lazy grammar's, until it fires
-        try:
-            grammar = params.grammar
-            if isinstance(grammar, Grammar) and grammar.sampler.model is model:
-                self.grammar = grammar.sampler.clone()
-            elif grammar is not None:
-                self.grammar = GrammarSampler(model, grammar.text if isinstance(grammar, Grammar) else grammar)
-            if self.grammar is not None and params.grammar_trigger:
-                self.trigger = Trigger(model, params.grammar_trigger)
-            for sampler in self._stages(model, params):
-                if not sampler:
-                    raise ValueError("llama.cpp could not build a sampler stage")
-                lc.llama_sampler_chain_add(self.handle, sampler)
-        except BaseException:
-            self.close()
-            raise
-
-    @staticmethod
-    def _stages(model: Model, p: SamplingParams):
-        # llama-server: the request's logit_bias, and with ignore_eos a -inf bias on every end-of-generation token
-        def tokens(key: int | str) -> list[int]:
-            return [key] if isinstance(key, int) else model.tokenize(key, add_special=False, parse_special=False)
-
-        given = [(t, b) for key, b in p.logit_bias for t in tokens(key)]
-        banned = [(t, float("-inf")) for t in (model.eog_tokens if p.ignore_eos else ())]
-        bias = [lc.llama_logit_bias(t, b) for t, b in [*given, *banned] if 0 <= t < model.n_vocab]
-        if bias:
-            yield lc.llama_sampler_init_logit_bias(model.n_vocab, len(bias), (lc.llama_logit_bias * len(bias))(*bias))
-        if p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
-            yield lc.llama_sampler_init_penalties(  # this llama.h still takes n_vocab first
-                model.n_vocab, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
-            )
-        if p.temperature <= 0:
-            yield lc.llama_sampler_init_greedy()
-            return
-        if p.top_k > 0:
-            yield lc.llama_sampler_init_top_k(p.top_k)
-        yield lc.llama_sampler_init_top_p(p.top_p, 1)
-        yield lc.llama_sampler_init_min_p(p.min_p, 1)
-        yield lc.llama_sampler_init_temp(p.temperature)
-        yield lc.llama_sampler_init_dist(LLAMA_DEFAULT_SEED if p.seed is None else p.seed & 0xFFFFFFFF)
-
-    def sample(self, ctx: Context, i: int) -> int:
-        """Pick a token from the logits of batch output ``i`` and accept it into the chain."""
-        grammar = self.grammar
-        if grammar is None:
-            return lc.llama_sampler_sample(self.handle, ctx.handle, i)
-        # common_sampler_sample: sample as if unconstrained and keep the token if the grammar
-        # allows it (one token to check, not the whole vocabulary); else mask, sample again.
-        logits = np.ctypeslib.as_array(ctx.logits(i))
-        token = self._pick(grammar.candidates(logits))
-        if (trigger := self.trigger) is not None:  # a lazy grammar: only the trigger word's end is checked
-            if not trigger.allows(token):
-                token = self._pick(grammar.candidates(logits, trigger.allowed()))
-            trigger.accept(token)
-            if trigger.fired:
-                self.trigger = None  # the grammar applies from the next token
-        else:
-            if not grammar.allows(token):
-                token = self._pick(grammar.masked(logits))
-            grammar.accept(token)
-        lc.llama_sampler_accept(self.handle, token)
-        return token
-
-    def _pick(self, cur: lc.llama_token_data_array) -> int:
-        lc.llama_sampler_apply(self.handle, ctypes.byref(cur))
-        if not 0 <= cur.selected < cur.size or cur.data[cur.selected].logit == float("-inf"):
-            raise ValueError("no token is left to sample: the grammar and the sampling settings exclude them all")
-        return int(cur.data[cur.selected].id)
-
-    def close(self) -> None:
-        if self.grammar:
-            self.grammar.close()
-            self.grammar = None
-        if self.handle:
-            lc.llama_sampler_free(self.handle)
-            self.handle = None
-            Sampler.live -= 1

@@ -38,7 +38,8 @@ import llama_cpp as lc
 from llama_cpp.llama_cpp import _lib as libllama
 
 from llmkit import models
-from llmkit.llama import Batch, Context, Model, Sampler, SamplingParams, default_threads
+from llmkit.llama import Batch, Context, Model, default_threads
+from llmkit.sampling import Sampler, SamplingParams
 
 # --- ggml's threadpool, which llama-cpp-python 0.3.36 does not bind (llama.h: "TODO: Add llama_attach_threadpool")
 

@@ -13,7 +13,8 @@ import pytest
 from llmkit.engine import ContextSizeError, End, Engine, EngineConfig, EngineError, LlamaServerPolicy, PriorityPolicy, RequestParams, Status
 from llmkit.engine.prompt_cache import PromptCache
 from llmkit.engine.request import Piece, Request
-from llmkit.llama import DecodeError, Sampler
+from llmkit.llama import DecodeError
+from llmkit.sampling import Sampler
 from llmkit.text import StopMatcher
 
 from helpers import wait_until

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from llmkit.engine import RequestParams
 from llmkit.engine.request import TO_JSON
-from llmkit.llama import SamplingParams
+from llmkit.sampling import SamplingParams
 from llmkit.server.dialects import messages, responses
 from llmkit.server.dialects.native import NativeCompletionRequest
 from llmkit.server.dialects.openai_chat import ChatCompletionRequest

@@ -28,7 +28,9 @@ from pydantic import BaseModel, Field
 from llmkit import grammar
 from llmkit.course import launch
 from llmkit.engine.request import RequestParams
-from llmkit.llama import Batch, Context, Grammar, GrammarSampler, Sampler, SamplingParams
+from llmkit.grammar.sampler import Grammar, GrammarSampler
+from llmkit.llama import Batch, Context
+from llmkit.sampling import Sampler, SamplingParams
 from llmkit.server.dialects.openai_chat import ChatCompletionRequest
 from llmkit.server.generation import request_params
 from llmkit.server.protocol import constraint_of

@@ -14,7 +14,8 @@ from llmkit.engine.kv_events import DEFAULT_BLOCK_SIZE
 from llmkit.engine.policy import LlamaServerPolicy, Policy
 from llmkit.engine.prompt_cache import Choice, choose_entry
 from llmkit.engine.speculative import Drafter, SpecParams, SpecType
-from llmkit.llama import Model, Sampler, SamplingParams
+from llmkit.llama import Model
+from llmkit.sampling import Sampler, SamplingParams
 from llmkit.text import StopMatcher
 
 # Tokens per step beside a running stream, by default: a step that reads a prompt chunk costs about as much as

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llmkit.engine.request import End, Outcome, Piece, Request, TokenLogprob
-from llmkit.llama import Model, Sampler, SamplingParams
+from llmkit.llama import Model
+from llmkit.sampling import Sampler, SamplingParams
 from llmkit.text import Detokenizer, StopMatcher
 from llmkit.timings import Timings
 

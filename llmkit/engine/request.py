@@ -31,7 +31,8 @@ from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from llmkit.llama import LLAMA_DEFAULT_SEED, Grammar, SamplingParams
+from llmkit.grammar.sampler import Grammar
+from llmkit.sampling import LLAMA_DEFAULT_SEED, SamplingParams
 from llmkit.timings import Timings
 
 _ids = itertools.count(1)

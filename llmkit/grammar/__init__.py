@@ -13,6 +13,7 @@ The package's parts:
     ranges    minimum/maximum on integers (as llama.cpp) and on numbers (llmkit's own)
     gbnf      the checks that keep llama.cpp from refusing late, hanging or crashing
     limits    the sizes beyond which a schema or grammar is refused, and ``GrammarError``
+    sampler   the parse llama.cpp's sampler takes: ``Grammar``, ``GrammarSampler``, ``Trigger``
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from llmkit.grammar.limits import (
     MAX_SCHEMA_DEPTH,
     GrammarError,
 )
-from llmkit.llama import Grammar, Model
+from llmkit.grammar.sampler import Grammar
+from llmkit.llama import Model
 
 __all__ = [
     "ANY_JSON_OBJECT", "MAX_GRAMMAR_CHARS", "MAX_GRAMMAR_NESTING", "MAX_GRAMMAR_RULES", "MAX_REPETITIONS",

@@ -20,7 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 from llmkit.grammar.limits import MAX_GRAMMAR_CHARS, MAX_GRAMMAR_NESTING, MAX_GRAMMAR_RULES, MAX_REPETITIONS, GrammarError
-from llmkit.llama import Grammar, Model
+from llmkit.grammar.sampler import Grammar
+from llmkit.llama import Model
 
 
 class _GbnfReader:
@@ -373,7 +374,8 @@ def check(gbnf: str, model: Model) -> Grammar:
     A grammar that passed is kept by the model (``Model.grammars``): sent again, it is neither checked nor parsed."""
     if len(gbnf) > MAX_GRAMMAR_CHARS:
         raise GrammarError(f"the grammar is {len(gbnf)} characters long: the limit is {MAX_GRAMMAR_CHARS}")
-    return model.grammars.get(gbnf) or model.grammars.keep(_check(gbnf, model))
+    kept = model.grammars.get(gbnf)
+    return kept if isinstance(kept, Grammar) else model.grammars.keep(_check(gbnf, model))
 
 
 def _check(gbnf: str, model: Model) -> Grammar:

@@ -20,7 +20,8 @@ import time
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
-from llmkit.llama import Batch, Context, Model, Sampler, SamplingParams
+from llmkit.llama import Batch, Context, Model
+from llmkit.sampling import Sampler, SamplingParams
 from llmkit.text import Detokenizer
 from llmkit.timings import Timings  # llama-server's timings; cache_n stays 0 here
 

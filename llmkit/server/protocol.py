@@ -24,7 +24,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from llmkit.engine import RequestParams
 from llmkit.grammar import Constraint, Gbnf, Schema
-from llmkit.llama import Grammar, SamplingParams
+from llmkit.grammar.sampler import Grammar
+from llmkit.sampling import SamplingParams
 from llmkit.server.errors import ApiError, invalid
 from llmkit.server.tools import Tool, ToolCalling, renders_tools
 from llmkit.text import is_unicode

@@ -32,7 +32,7 @@ class RawDecoder:
         self.batch = Batch(max(2048, sum(map(len, self.prompts))))
 
     def __call__(self, n: int) -> Row:
-        from llmkit.llama import Sampler, SamplingParams
+        from llmkit.sampling import Sampler, SamplingParams
 
         ctx, batch, steps = self.ctx, self.batch, self.cfg.max_tokens - 1  # the prefill gives the first token
         ctx.clear()

@@ -20,7 +20,7 @@ CHAPTER = Chapter(6)
 
 
 def accepts(grammar: object, text: str) -> bool:
-    """Does ``grammar`` (a parsed ``llmkit.llama.Grammar``) accept exactly ``text``, token by token, then the end?"""
+    """Does ``grammar`` (a parsed ``llmkit.grammar.Grammar``) accept exactly ``text``, token by token, then the end?"""
     model = LAB.model()
     sampler = grammar.sampler.clone()  # type: ignore[attr-defined]
     try:

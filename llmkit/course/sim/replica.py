@@ -31,7 +31,7 @@ from llmkit.engine.request import End, Request, RequestParams
 from llmkit.engine.scheduler import Chunk, Scheduler
 from llmkit.engine.slot import Slot
 from llmkit.engine.steps import Counters, Share
-from llmkit.llama import Sampler
+from llmkit.sampling import Sampler
 from llmkit.text import Detokenizer, StopMatcher
 
 PARAMS = RequestParams()  # what the trace's requests ask of the slot choice: cache_prompt on, no slot named

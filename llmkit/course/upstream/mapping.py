@@ -326,7 +326,7 @@ MAP: tuple[Counterpart, ...] = (
     Counterpart("llmkit.server.tools.Delta", "common_chat_msg_diff", "common/chat.h",
                 "content, or a call's start or a piece of its arguments; no reasoning",
                 in_upstream="tool_call_index = std::string::npos", in_llmkit="index: int = -1"),
-    Counterpart("llmkit.llama.Trigger", "llama_grammar_accept_impl", "src/llama-grammar.cpp",
+    Counterpart("llmkit.grammar.sampler.Trigger", "llama_grammar_accept_impl", "src/llama-grammar.cpp",
                 "its lazy-grammar branch, with one word that must end on a token boundary; llama.cpp takes regex patterns and replays "
                 "the rest of the token into the grammar, which throws if it does not fit: llama-server fails that request (500), "
                 "a caller of the C API, as llmkit is, aborts (chapter 6)",
