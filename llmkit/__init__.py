@@ -15,7 +15,8 @@ Map of the package (each module one role, named after llama-server's files). The
 
 The course's apparatus, apart from it (the `lab` extra; no server imports it):
 
-    course/     tr, pad, table: the notebooks' printed words in the reader's language
+    course/     the course's apparatus; its face names words' tr, pad, table, large_number
+      words       tr, pad, table, large_number: the notebooks' printed words in the reader's language
       upstream/   the real llama-server: its C++ read by name, MAP (llmkit <-> llama-server), its build
       bench/      `llmkit bench`: the servers side by side over HTTP
       launch      start/stop servers in the background (notebooks, tests, bench)

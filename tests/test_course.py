@@ -11,7 +11,7 @@ import nbformat
 import polib
 import pytest
 
-from llmkit import course
+from llmkit.course import words
 from llmkit.course.upstream import MAP
 
 from helpers import JA_CHAR
@@ -64,7 +64,7 @@ LIBRARY = {
 
 
 def test_english_folder_prints_the_key_itself(tmp_path):
-    assert course.catalog(tmp_path) == {}
+    assert words.catalog(tmp_path) == {}
 
 
 def test_a_catalog_in_the_folder_translates_and_formats(tmp_path, monkeypatch):
@@ -73,20 +73,20 @@ def test_a_catalog_in_the_folder_translates_and_formats(tmp_path, monkeypatch):
     po.append(polib.POEntry(msgid="{n} requests", msgstr="リクエスト {n} 件"))
     po.save(str(tmp_path / "locale" / "x.po"))
     monkeypatch.chdir(tmp_path)
-    course.catalog.cache_clear()
+    words.catalog.cache_clear()
     try:
-        assert course.tr("{n} requests", n=3) == "リクエスト 3 件"
+        assert words.tr("{n} requests", n=3) == "リクエスト 3 件"
         with pytest.warns(UserWarning, match="no translation"):
-            assert course.tr("{n} slots", n=2) == "2 slots"  # a learner's new label: English, with a warning
+            assert words.tr("{n} slots", n=2) == "2 slots"  # a learner's new label: English, with a warning
         import matplotlib
 
         assert matplotlib.rcParams["font.family"] == ["IPAexGothic"]
     finally:
-        course.catalog.cache_clear()
+        words.catalog.cache_clear()
 
 
 def test_large_numbers_count_in_millions_in_english_and_in_man_in_japanese(tmp_path, monkeypatch):
-    assert course.language(NOTEBOOKS / "en") == "en" and course.language(NOTEBOOKS / "ja") == "ja"
+    assert words.language(NOTEBOOKS / "en") == "en" and words.language(NOTEBOOKS / "ja") == "ja"
     english, japanese = tmp_path / "en", tmp_path / "ja"
     (japanese / "locale").mkdir(parents=True)
     english.mkdir()
@@ -97,17 +97,17 @@ def test_large_numbers_count_in_millions_in_english_and_in_man_in_japanese(tmp_p
     printed = {}
     for folder in (english, japanese):
         monkeypatch.chdir(folder)
-        course.language.cache_clear()
+        words.language.cache_clear()
         try:
-            printed[folder.name] = [course.large_number(n) for n in counts] + [course.large_number(373_000, digits=3)]
+            printed[folder.name] = [words.large_number(n) for n in counts] + [words.large_number(373_000, digits=3)]
         finally:
-            course.language.cache_clear()
+            words.language.cache_clear()
     assert printed["en"] == ["0.37 million", "91", "23,000", "9.1 million", "120 million", "2.5 billion", "0.373 million"]
     assert printed["ja"] == ["37 万", "91", "2.3 万", "910 万", "1.2 億", "25 億", "37.3 万"]
 
 
 def test_the_notebooks_use_tr():
-    assert len(USED) > 100, "the chapters print their labels through llmkit.course.tr"
+    assert len(USED) > 100, "the chapters print their labels through llmkit.words.tr"
 
 
 def test_llmkit_prints_through_tr_too():
@@ -115,7 +115,7 @@ def test_llmkit_prints_through_tr_too():
 
 
 def test_every_label_the_notebooks_print_has_a_japanese_entry_and_none_is_unused():
-    ja = course.catalog(NOTEBOOKS / "ja")
+    ja = words.catalog(NOTEBOOKS / "ja")
     assert sorted((USED | LIBRARY | EXERCISES) - ja.keys()) == [], "labels the Japanese edition would print in English"
     assert sorted(ja.keys() - USED - LIBRARY - EXERCISES) == [], "catalog entries neither a notebook nor llmkit uses"
 
@@ -139,7 +139,7 @@ def fields(text: str) -> list[str]:
 
 
 def test_japanese_entries_are_japanese_and_keep_the_placeholders():
-    for key, text in course.catalog(NOTEBOOKS / "ja").items():
+    for key, text in words.catalog(NOTEBOOKS / "ja").items():
         japanese = re.search(JA_CHAR, text) or re.fullmatch(r"[\u3000-\u303f]+", text)  # 、 alone: Japanese punctuation
         assert japanese or text == key, f"not translated: {key!r} -> {text!r}"
         assert fields(key) == fields(text), f"placeholders differ: {key!r} vs {text!r}"
@@ -156,28 +156,28 @@ def test_a_label_shared_by_chapters_reads_the_same_in_each_catalog():
 
 def test_a_japanese_and_an_english_label_padded_alike_take_the_same_columns():
     japanese, english = "読み取りサイズ", "read size"
-    assert course.width(japanese) == 14 and course.width(english) == 9  # a Japanese character takes two columns
+    assert words.width(japanese) == 14 and words.width(english) == 9  # a Japanese character takes two columns
     for align in "<>^":
-        assert course.width(course.pad(japanese, 16, align)) == course.width(course.pad(english, 16, align)) == 16
+        assert words.width(words.pad(japanese, 16, align)) == words.width(words.pad(english, 16, align)) == 16
     # plain formatting pads by characters: the Japanese label comes out 7 columns wider and the next column moves
-    assert course.width(f"{japanese:16}") == 23 != course.width(f"{english:16}")
-    assert course.pad("とても長いラベル", 4) == "とても長いラベル"  # too wide: kept whole, never cut
+    assert words.width(f"{japanese:16}") == 23 != words.width(f"{english:16}")
+    assert words.pad("とても長いラベル", 4) == "とても長いラベル"  # too wide: kept whole, never cut
 
 
 def test_tr_counts_display_columns_in_a_format_spec():
     line = "{name:>8} | {n:3} | {note:^9.2} |"
-    assert course.width(course.tr(line, name="なし", n=7, note="無傷のチャンク")) == course.width(line.format(name="none", n=7, note="ok"))
-    assert course.width(line.format(name="なし", n=7, note="無傷のチャンク")) != course.width(line.format(name="none", n=7, note="ok"))
+    assert words.width(words.tr(line, name="なし", n=7, note="無傷のチャンク")) == words.width(line.format(name="none", n=7, note="ok"))
+    assert words.width(line.format(name="なし", n=7, note="無傷のチャンク")) != words.width(line.format(name="none", n=7, note="ok"))
     # for text one column per character (the English edition), exactly what str.format prints
     for spec in ("{x}", "{x:12}", "{x:>12}", "{x:^12}", "{x:*<12}", "{x:.3}", "{x:>9.4}", "{x!r:14}", "{x:3}", "{y:8.2f}", "{y:>8}"):
-        assert course.tr(spec, x="budget", y=3.14159) == spec.format(x="budget", y=3.14159), spec
+        assert words.tr(spec, x="budget", y=3.14159) == spec.format(x="budget", y=3.14159), spec
 
 
 def test_a_table_lines_up_its_columns_in_display_columns():
     widest = "読み込み中のステップ数"  # 11 characters, 22 columns
-    text = course.table([("なし", 2, "767 tok"), ("512", 3, "512 tok"), (widest, 19, "x")], headers=("budget", "steps", "x"), align=">")
+    text = words.table([("なし", 2, "767 tok"), ("512", 3, "512 tok"), (widest, 19, "x")], headers=("budget", "steps", "x"), align=">")
     lines = text.splitlines()
     assert len(lines) == 4 and not any(line.endswith(" ") for line in lines)
-    starts = {course.width(line[: line.index(str(cell))]) for line, cell in zip(lines, ["steps", 2, 3, 19], strict=True)}
+    starts = {words.width(line[: line.index(str(cell))]) for line, cell in zip(lines, ["steps", 2, 3, 19], strict=True)}
     assert starts == {22 + 2}, text  # the second column starts at the same column on every line, after the widest cell
     assert lines[1].startswith(" " * 18 + "なし  ")  # right-aligned by display width

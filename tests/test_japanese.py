@@ -18,7 +18,7 @@ import polib
 import pytest
 from markdown_it import MarkdownIt
 
-from llmkit import course
+from llmkit.course import words
 
 from helpers import JA_CHAR
 
@@ -178,7 +178,7 @@ def test_percent_follows_the_number(path):
 def test_labels_the_prose_names_are_the_labels_printed(path):
     """A bold name in the English prose that is a label the code prints (a button, a row of a table: a key of the
     catalogs) is named in the Japanese prose as the Japanese edition prints it."""
-    labels = course.catalog(ROOT / "ja")
+    labels = words.catalog(ROOT / "ja")
     english = nbformat.read(ROOT / "en" / path.name, 4).cells
     japanese = nbformat.read(path, 4).cells
     found = {}

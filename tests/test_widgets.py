@@ -112,14 +112,14 @@ def test_an_error_is_shown_in_the_view_not_raised(model):
 
 
 def test_the_language_menu_names_languages_in_the_readers_language_and_sends_them_in_english(monkeypatch):
-    from llmkit import course
+    from llmkit.course import words
 
     monkeypatch.chdir(Path(__file__).resolve().parent.parent / "notebooks" / "ja")  # the Japanese edition's folder
-    course.catalog.cache_clear()
+    words.catalog.cache_clear()
     try:
         menu = Translator("http://127.0.0.1:9", target_lang="Japanese").language  # no request is made
         shown = {value: label for label, value in menu.options}
         assert shown["French"] == "フランス語" and menu.value == "Japanese"  # shown in Japanese ...
         assert [value for _, value in menu.options] == list(LANGUAGES)  # ... the prompt still names it in English
     finally:
-        course.catalog.cache_clear()
+        words.catalog.cache_clear()
