@@ -11,7 +11,7 @@ Map of the package (each module one role, named after llama-server's files). The
     sequential/ the tutorial's translation server (one request at a time)
     engine/     the slot engine: continuous batching, prefix reuse (~ server-context.cpp)
     server/     the slot server's OpenAI-compatible HTTP layer (~ server.cpp, server-http.cpp)
-    cli         `llmkit serve | translate | bench | upstream | fleet | sim | exercises`
+    cli/        `llmkit serve | translate` (serve), `bench | upstream | fleet | sim | exercises` (course)
 
 The course's apparatus, apart from it (the `lab` extra; no server imports it):
 
