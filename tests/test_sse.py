@@ -118,7 +118,7 @@ CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
 
 
 def stream_of(fmt, request: Request, texts: list[str], answer) -> list[dict]:
-    """Every event of a stream, as ``generation.answer`` asks for them."""
+    """Every event of a stream, as ``generation.stream`` asks for them."""
     events = fmt.opening(request)
     for t in texts:
         events += fmt.chunk(request, Piece(t, [1]), answer.push(t))

@@ -283,7 +283,7 @@ def compare(
 
 
 @dataclass
-class Outcome:
+class DrillRequest:
     """One request of ``drill``: when it was sent, how long it took, who answered, what went wrong."""
 
     client: int
@@ -297,7 +297,7 @@ class Outcome:
 async def drill(fleet: Fleet, victim: int = 1, clients: int = 6, seconds: float = 40, kill_at: float = 10, restart_at: float = 25) -> dict:
     """``clients`` users sending short streamed chats back to back for ``seconds`` (bounded load, loopback only);
     replica ``victim`` is killed at ``kill_at`` and restarted on its port at ``restart_at``. Returns every
-    ``Outcome`` and the times of the kill, of the restart and of the router's /health back to 200."""
+    ``DrillRequest`` and the times of the kill, of the restart and of the router's /health back to 200."""
     t0, events = time.perf_counter(), {}
 
     async def chaos() -> None:
@@ -309,13 +309,13 @@ async def drill(fleet: Fleet, victim: int = 1, clients: int = 6, seconds: float 
         await asyncio.to_thread(fleet.restart, victim)
         events["rejoined"] = time.perf_counter() - t0
 
-    async def user(c: int, client: httpx.AsyncClient) -> list[Outcome]:
+    async def user(c: int, client: httpx.AsyncClient) -> list[DrillRequest]:
         outcomes, k = [], 0
         while time.perf_counter() - t0 < seconds:
             body = {"model": "any", "messages": [{"role": "user", "content": f"User {c}, question {k}: name a number."}], "max_tokens": 24}
             sent = time.perf_counter() - t0
             result = await ask_streamed(client, fleet, body)
-            outcomes.append(Outcome(c, sent, time.perf_counter() - t0 - sent, *result))
+            outcomes.append(DrillRequest(c, sent, time.perf_counter() - t0 - sent, *result))
             k += 1
         return outcomes
 

@@ -4,7 +4,7 @@ server-context.cpp): ``generate`` submits a prompt to the engine, reads the text
 dialects' way in (OpenAI chat, and Responses and Messages once converted): the chat template renders the
 prompt, tools included.
 
-    dialect route -> [to_chat ->] chat -> generate -> submit (engine.submit) -> answer (whole, or stream_events)
+    dialect route -> [to_chat ->] chat -> generate -> submit (engine.submit) -> answer_one (whole, or stream)
 
 The routes are each dialect's own (``server/dialects/``).
 """
@@ -34,6 +34,8 @@ from llmkit.server.tools import CallParser, TextParser, ToolCalling
 
 log = logging.getLogger("llmkit.server")
 
+Reader = TextParser | CallParser  # reads an answer's text as content (and tool calls)
+
 
 async def chat(http_request: Request, state: ServerState, body: ChatRequest, fmt: sse.WireFormat) -> Any:
     """A chat request, from any of the three chat APIs (the others convert theirs to this one)."""
@@ -61,7 +63,7 @@ async def generate(
     decode worker starts from its prefill worker's KV cells, and a prefill worker's answer says where they are."""
     kv = await handoff.fetch(body, prompt, state.settings.pd_peers)
     request = await submit(http_request, state, body, prompt, calling, kv)
-    answered = await answer(http_request, state, body, [request], [fmt], calling)
+    answered = await answer_one(http_request, state, body, request, fmt, calling)
     return handoff.offer(state, http_request, prompt, request, answered) if handoff.hands_off(body) else answered
 
 
@@ -87,27 +89,49 @@ async def submit(
         raise ApiError(400, str(exc)) from None
 
 
-async def answer(
+async def answer_one(
+    http_request: Request,
+    state: ServerState,
+    body: GenerationRequest,
+    request: EngineRequest,
+    fmt: sse.WireFormat,
+    calling: ToolCalling | None = None,
+) -> Any:
+    """One request's answer (chat, Responses, Messages, one native prompt), whole or streamed, read as content and
+    tool calls (``calling``'s parser, else the text as it is)."""
+    reader = calling.parser() if calling is not None else TextParser()
+    if not body.stream:
+        return await answer_whole(http_request, request, fmt, reader)
+    return await stream(http_request, state, body, [request], [fmt], [reader])
+
+
+async def answer_many(
+    http_request: Request, state: ServerState, body: GenerationRequest, requests: list[EngineRequest], formats: list[sse.WireFormat]
+) -> Any:
+    """Native ``/completion``'s prompts: one prompt's answer alone (as llama-server), several as a list of whole
+    answers, or every stream one after the other in one response."""
+    if len(requests) == 1:
+        return await answer_one(http_request, state, body, requests[0], formats[0])
+    readers: list[Reader] = [TextParser() for _ in requests]
+    if not body.stream:
+        return [await answer_whole(http_request, *answer) for answer in zip(requests, formats, readers, strict=True)]
+    return await stream(http_request, state, body, requests, formats, readers)
+
+
+async def stream(
     http_request: Request,
     state: ServerState,
     body: GenerationRequest,
     requests: list[EngineRequest],
     formats: list[sse.WireFormat],
-    calling: ToolCalling | None = None,
-) -> Any:
-    """The answers, whole (one object, or a list for several prompts) or streamed, each read as content and tool calls.
+    readers: list[Reader],
+) -> StreamingResponse:
+    """The answers streamed, one after the other.
 
-    A stream's status line goes out once a slot holds the (first) request, before its prompt is read, as
+    The status line goes out once a slot holds the (first) request, before its prompt is read, as
     llama-server sends it on its "begin" result: an error before that (the request failed to start) is an
     ordinary HTTP error, one after it comes inside the stream. A ping keeps a quiet stream alive (a long prompt).
     """
-    readers = [calling.parser() if calling is not None else TextParser() for _ in requests]
-    if not body.stream:
-        whole = [
-            await answer_whole(http_request, request, fmt, reader) for request, fmt, reader in zip(requests, formats, readers, strict=True)
-        ]
-        return whole[0] if len(whole) == 1 else whole
-
     await requests[0].started()
     silence = body.sse_ping_interval if body.sse_ping_interval is not None else state.settings.sse_ping_interval
     streams = [request.pieces(silence if silence > 0 else None) for request in requests]
@@ -124,7 +148,7 @@ async def answer(
     )
 
 
-async def answer_whole(http_request: Request, request: EngineRequest, fmt: sse.WireFormat, reader: TextParser | CallParser) -> Any:
+async def answer_whole(http_request: Request, request: EngineRequest, fmt: sse.WireFormat, reader: Reader) -> Any:
     """One request's whole answer, once it is done."""
     pieces = await collect(request, http_request)
     outcome = ended(request)
@@ -141,9 +165,7 @@ def ended(request: EngineRequest) -> Outcome:
     return request.outcome
 
 
-Stream = tuple[
-    EngineRequest, sse.WireFormat, TextParser | CallParser, AsyncGenerator[Piece | None, None]
-]  # request, format, reader, pieces
+Stream = tuple[EngineRequest, sse.WireFormat, Reader, AsyncGenerator[Piece | None, None]]  # request, format, reader, pieces
 
 
 async def stream_events(http_request: Request, streams: list[Stream]) -> AsyncIterator[str]:

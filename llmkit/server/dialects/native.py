@@ -28,7 +28,7 @@ from llmkit.llama import Model
 from llmkit.server import sse
 from llmkit.server.dialects.openai import token_logprobs
 from llmkit.server.errors import LLAMA_SERVER, ApiError, off_loop
-from llmkit.server.generation import answer, submit
+from llmkit.server.generation import answer_many, submit
 from llmkit.server.protocol import GenerationRequest, check_tokens
 from llmkit.server.state import State
 from llmkit.server.tools import Delta
@@ -102,7 +102,7 @@ async def completion(body: NativeCompletionRequest, http_request: Request, state
         for request in requests:
             request.cancel()
         raise
-    return await answer(http_request, state, body, requests, formats)
+    return await answer_many(http_request, state, body, requests, formats)
 
 
 def tokenize_mixed(model: Model, prompt: str | list[int | str]) -> list[int]:
