@@ -99,7 +99,7 @@ class FakeEmbedder:
 def client() -> Iterator[httpx.Client]:
     """One keep-alive connection to the app over a scripted engine: a request that drops it fails the next one."""
     app = create_app(FakeEngine(), Settings(alias="fake", max_body_size=MAX_BODY, metrics=True))
-    app.state.server.embedder = FakeEmbedder()
+    app.state.embedder = FakeEmbedder()  # the embedding routes read the app's (embeddings.EmbedderDep)
     with launch.serve_app(app) as url, httpx.Client(base_url=url, timeout=30, limits=httpx.Limits(max_connections=1)) as c:
         yield c
 

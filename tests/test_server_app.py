@@ -67,6 +67,7 @@ class FakeEngine:
         self.script = script
         self.starts = starts  # whether a request gets a slot (else the script ends it before it starts)
         self.closed = False
+        self.kv_events = None  # it makes no KV events
 
     def submit(self, prompt, params=None, kv=None) -> Request:
         request = Request(prompt, params, kv)

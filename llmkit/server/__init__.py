@@ -2,10 +2,10 @@
 
 Module map (llama-server's tools/server/ files in brackets):
 
-    app          create_app: state, middlewares, handlers and routes wired        [server.cpp route table, init_routes]
-    state        Settings, the engine as the routes see it (a Protocol)           [what server-context.cpp's handlers use]
+    app          create_app: the features built and started; routes wired        [server.cpp route table, init_routes]
+    state        Settings, the engine as the routes see it (a Protocol), State    [what server-context.cpp's handlers use]
     dialects/    one module per API: body, conversion, wire format, router        [server-chat.cpp, server-task.cpp to_json_*]
-    generation   the one request path: chat, generate, submit, answer             [server-context.cpp handle_completions_impl]
+    generation   the one request path: chat, generate, submit, answer_one         [server-context.cpp handle_completions_impl]
     protocol     the shared request fields and chat request; options -> engine    [server-schema.cpp + server-common.cpp]
     tools        tool calls: described in the prompt, constrained, parsed back    [common/chat.cpp]
     sse          SSE framing (data-only and named events) and the WireFormat      [server-common.cpp format_oai_sse]

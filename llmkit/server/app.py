@@ -1,5 +1,7 @@
-"""The slot server's app: its state, middlewares, error handlers and routes, wired together
-(~ llama-server's route table in server.cpp and init_routes in server-context.cpp).
+"""The slot server's app: its state, features, middlewares, error handlers and routes, wired together
+(~ llama-server's route table in server.cpp and init_routes in server-context.cpp). The composition root: it builds
+each feature's object (the embedder, the kept hand-offs, the KV publisher, the metrics registry), starts them once the
+engine is ready and stops them on shutdown; each feature's routes read their own through its dependency.
 
 The routes live by role (llama-server's paths: without ``/v1``, ``/completions`` and
 ``/embeddings`` are its own dialect, not OpenAI's):
@@ -20,12 +22,14 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
 
-from llmkit.server import embeddings, errors, handoff, info, kv_publisher, worker
+from llmkit.server import embeddings, errors, handoff, info, kv_publisher, metrics, worker
 from llmkit.server.dialects import ROUTERS
 from llmkit.server.middleware import AccessLog, Gate
 from llmkit.server.state import ServerState, ServingEngine, Settings
 
 __all__ = ["Settings", "create_app"]
+
+Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]
 
 
 def create_app(engine: ServingEngine | Callable[[], ServingEngine], settings: Settings | None = None) -> FastAPI:
@@ -36,21 +40,13 @@ def create_app(engine: ServingEngine | Callable[[], ServingEngine], settings: Se
     """
     state = ServerState(settings or Settings())
     loader = engine if callable(engine) else None
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        loading = asyncio.get_running_loop().run_in_executor(None, state.load, loader) if loader else None
-        try:
-            yield
-        finally:
-            if loading is not None:
-                await loading
-            state.close(engine_too=loader is not None)
-
-    app = FastAPI(title="llmkit slot server", lifespan=lifespan, openapi_url=None)
+    app = FastAPI(title="llmkit slot server", lifespan=lifespan(loader), openapi_url=None)
     app.state.server = state
+    app.state.handoffs = handoff.Handoffs()  # a prefill worker's KV cells, kept for its decode workers
+    app.state.metrics = metrics.registry(lambda: state.last_status)  # renders the snapshot /metrics waited for
+    app.state.embedder = app.state.kv_publisher = None  # made once the engine is ready (start)
     if not callable(engine):
-        state.ready(engine)
+        start(app, engine)
     errors.install(app)
     routers = (info.router, embeddings.router, *ROUTERS, worker.router, kv_publisher.router, handoff.router)
     settings = state.settings
@@ -60,3 +56,39 @@ def create_app(engine: ServingEngine | Callable[[], ServingEngine], settings: Se
     for router in routers:
         app.include_router(router)
     return app
+
+
+def start(app: FastAPI, engine: ServingEngine) -> None:
+    """The features that stand on the engine, then the engine served (the gate lets requests in)."""
+    state: ServerState = app.state.server
+    app.state.kv_publisher = kv_publisher.start(engine, state.settings.kv_events)
+    app.state.embedder = embeddings.Embedder(engine.model, n_threads=state.settings.n_threads)
+    state.ready(engine)
+
+
+def stop(app: FastAPI, *, engine_too: bool) -> None:
+    """The features closed, and the engine if the app loaded it."""
+    for feature in (app.state.kv_publisher, app.state.embedder):
+        if feature is not None:
+            feature.close()
+    if engine_too:
+        app.state.server.close()
+
+
+def lifespan(loader: Callable[[], ServingEngine] | None) -> Lifespan:
+    """Start-up loads the engine in a worker thread (with a loader); shutdown waits for the load, then stops."""
+
+    @contextlib.asynccontextmanager
+    async def run(app: FastAPI) -> AsyncIterator[None]:
+        state: ServerState = app.state.server
+        loading = None
+        if loader is not None:
+            loading = asyncio.get_running_loop().run_in_executor(None, state.load, lambda: start(app, loader()))
+        try:
+            yield
+        finally:
+            if loading is not None:
+                await loading
+            stop(app, engine_too=loader is not None)
+
+    return run

@@ -18,7 +18,7 @@ import threading
 from typing import Annotated, Literal
 
 import numpy as np
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import Field, model_validator
 from starlette.concurrency import run_in_threadpool
 
@@ -109,10 +109,16 @@ class Embedder:
                 self._ctx = self._batch = None
 
 
-async def embed(body: EmbeddingRequest, http_request: Request, state: State) -> tuple[np.ndarray, int]:
+def embedder(request: Request) -> Embedder:
+    """The app's embedder (``app.py`` makes it once the engine is ready): a route's dependency."""
+    return request.app.state.embedder
+
+
+EmbedderDep = Annotated[Embedder, Depends(embedder)]
+
+
+async def embed(body: EmbeddingRequest, http_request: Request, embedder: Embedder) -> tuple[np.ndarray, int]:
     """The inputs' vectors, and how many tokens they were."""
-    embedder = state.embedder
-    assert embedder is not None, "set with the engine"
     prompts = await off_loop(embedder.tokenize, body.texts)
     vectors = await run_in_threadpool(embedder.embed, prompts)
     n_tokens = sum(map(len, prompts))
@@ -121,8 +127,8 @@ async def embed(body: EmbeddingRequest, http_request: Request, state: State) -> 
 
 
 @router.post("/v1/embeddings")
-async def embeddings(body: EmbeddingRequest, http_request: Request, state: State) -> dict:
-    vectors, n_tokens = await embed(body, http_request, state)
+async def embeddings(body: EmbeddingRequest, http_request: Request, state: State, embedder: EmbedderDep) -> dict:
+    vectors, n_tokens = await embed(body, http_request, embedder)
     return {
         "object": "list",
         "model": state.model_name,
@@ -133,9 +139,9 @@ async def embeddings(body: EmbeddingRequest, http_request: Request, state: State
 
 @router.post("/embedding")
 @router.post("/embeddings")
-async def embeddings_native(body: NativeEmbeddingRequest, http_request: Request, state: State) -> list[dict]:
+async def embeddings_native(body: NativeEmbeddingRequest, http_request: Request, embedder: EmbedderDep) -> list[dict]:
     """llama-server's own shape (handle_embeddings_impl, non-OAI): one vector per input, in a list of one."""
-    vectors, _ = await embed(body, http_request, state)
+    vectors, _ = await embed(body, http_request, embedder)
     return [{"index": i, "embedding": [v.tolist()]} for i, v in enumerate(vectors)]
 
 

@@ -64,7 +64,7 @@ async def generate(
     kv = await handoff.fetch(body, prompt, state.settings.pd_peers)
     request = await submit(http_request, state, body, prompt, calling, kv)
     answered = await answer_one(http_request, state, body, request, fmt, calling)
-    return handoff.offer(state, http_request, prompt, request, answered) if handoff.hands_off(body) else answered
+    return handoff.offer(http_request, prompt, request, answered) if handoff.hands_off(body) else answered
 
 
 async def submit(

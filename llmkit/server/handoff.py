@@ -37,17 +37,16 @@ import struct
 import threading
 import time
 from collections.abc import Collection
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import quote, urlsplit
 
 import httpx
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from llmkit.engine import Request as EngineRequest
 from llmkit.engine.request import KVState
 from llmkit.server.errors import ApiError
-from llmkit.server.state import ServerState, State
 
 log = logging.getLogger("llmkit.server")
 router = APIRouter()
@@ -95,6 +94,14 @@ class Handoffs:
             del self.kept[key]
 
 
+def handoffs(request: Request) -> Handoffs:
+    """The app's kept cells (``app.py`` makes them): a route's dependency."""
+    return request.app.state.handoffs
+
+
+HandoffsDep = Annotated[Handoffs, Depends(handoffs)]
+
+
 def transfer_params(body: Any) -> dict[str, Any]:
     """The request's ``kv_transfer_params`` ({} when there are none: not a PD request)."""
     params = getattr(body, "kv_transfer_params", None)
@@ -106,13 +113,13 @@ def hands_off(body: Any) -> bool:
     return bool(transfer_params(body).get("do_remote_decode"))
 
 
-def offer(state: ServerState, http_request: Request, prompt: list[int], request: EngineRequest, answer: Any) -> Any:
+def offer(http_request: Request, prompt: list[int], request: EngineRequest, answer: Any) -> Any:
     """(Prefill worker.) The answer, with where its decode worker fetches the cells (``kv_transfer_params``): this
     server's address as the router reached it."""
     kv = request.outcome.kv if request.outcome is not None else None
     if kv is None or not kv.output or not isinstance(answer, dict):  # ended before a token (an end of generation first)
         return answer
-    key = state.handoffs.put(kv)
+    key = handoffs(http_request).put(kv)
     host, port = http_request.url.hostname, http_request.url.port
     params = {
         "do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": f"llmkit@{host}:{port}",
@@ -167,9 +174,9 @@ async def fetch(body: Any, prompt: list[int], peers: Collection[tuple[str, int]]
 
 
 @router.get("/kv_handoff/{key}")
-def kv_handoff(key: str, state: State) -> Response:
+def kv_handoff(key: str, kept: HandoffsDep) -> Response:
     """The KV cells kept for a decode worker, once (llama_state_seq_get_data's bytes)."""
-    kv = state.handoffs.take(key)
+    kv = kept.take(key)
     if kv is None:
         raise ApiError(404, f"no KV cells under {key!r}: taken already, expired (kept {TTL:.0f} s), or never made here")
     return Response(bytes(kv.cells), media_type="application/octet-stream")

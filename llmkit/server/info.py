@@ -119,11 +119,11 @@ def slot_json(slot: SlotStatus, speculative: bool = False) -> dict:
 
 
 @router.get("/metrics")
-async def prometheus(state: State) -> Response:
+async def prometheus(state: State, registry: metrics.Registry) -> Response:
     if not state.settings.metrics:
         raise ApiError(501, "This server does not support metrics endpoint. Start it with `--metrics`")
     await state.status()  # the snapshot the registry renders, waited for off the event loop
-    content, media_type = metrics.render(state.registry)
+    content, media_type = metrics.render(registry)
     # llama-server's header, its name spelled as llama-server writes it on the wire (a client may read headers
     # case-sensitively, as its own tests do): a raw header, which Starlette does not lower and uvicorn's h11 writes
     # as it is (``llmkit serve slots`` runs h11 for it). Its value there is ggml_time_us() (microseconds since the

@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 import msgpack
 import zmq
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends, Request
 
-from llmkit.engine.kv_events import Event, EventBatch, KVEventTracker, Mirror, Subscription
-from llmkit.server.state import State
+from llmkit.engine.kv_events import Event, EventBatch, Mirror, Subscription
+from llmkit.server.state import ServingEngine, State
 
 log = logging.getLogger("llmkit.server")
 router = APIRouter()
@@ -157,12 +157,12 @@ class KVPublisher:
         self.zmq.destroy(linger=0)
 
 
-def start(engine: object, endpoint: str | None) -> KVPublisher | None:
+def start(engine: ServingEngine, endpoint: str | None) -> KVPublisher | None:
     """A publisher of ``engine``'s KV events on ``endpoint`` (None: the server publishes none)."""
     if endpoint is None:
         return None
-    tracker = getattr(engine, "kv_events", None)
-    if not isinstance(tracker, KVEventTracker):
+    tracker = engine.kv_events
+    if tracker is None:
         raise ValueError("--kv-events: this engine makes no KV events (EngineConfig(kv_events=True))")
     source: Subscription = tracker.subscribe()
     try:
@@ -172,12 +172,20 @@ def start(engine: object, endpoint: str | None) -> KVPublisher | None:
         raise
 
 
+def publisher(request: Request) -> KVPublisher | None:
+    """The app's publisher (``app.py`` starts it once the engine is ready; None: it publishes none): a route's dependency."""
+    return request.app.state.kv_publisher
+
+
+PublisherDep = Annotated[KVPublisher | None, Depends(publisher)]
+
+
 @router.get("/get_server_info")
-def server_info(state: State) -> dict:
+def server_info(state: State, publisher: PublisherDep) -> dict:
     """The cache's identity (the model file: replicas of one model share block names) and its block size (vLLM's
     route; vllm-router reads ``model_id`` and ``kv_block_size``). No ``instance_id``: the router then names this
     worker by its URL, which is unique in a fleet."""
-    engine, publisher = state.engine, state.kv_publisher
+    engine = state.engine
     info: dict[str, Any] = {"model_id": engine.model.path.name, "model_path": str(engine.model.path)}
     if publisher is not None:
         info["kv_block_size"] = publisher.source.block_size
@@ -185,7 +193,6 @@ def server_info(state: State) -> dict:
 
 
 @router.get("/kv_event_sources")
-def kv_event_sources(state: State) -> dict:
+def kv_event_sources(publisher: PublisherDep) -> dict:
     """Where this server's KV events are, by data-parallel rank (one rank: "0"); {} when it publishes none."""
-    publisher = state.kv_publisher
     return {"0": publisher.source_entry()} if publisher is not None else {}

@@ -13,7 +13,9 @@ counter ``n_tokens_max`` (a maximum, not a count) is a gauge here.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Annotated
 
+from fastapi import Depends, Request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -104,6 +106,14 @@ def registry(get_status: Callable[[], EngineStatus | None]) -> CollectorRegistry
     reg = CollectorRegistry(auto_describe=False)
     reg.register(EngineCollector(get_status))
     return reg
+
+
+def app_registry(request: Request) -> CollectorRegistry:
+    """The app's registry (``app.py`` builds it): a route's dependency."""
+    return request.app.state.metrics
+
+
+Registry = Annotated[CollectorRegistry, Depends(app_registry)]
 
 
 def render(reg: CollectorRegistry) -> tuple[bytes, str]:

@@ -1,4 +1,4 @@
-"""What every route of the slot server reads: the settings, the engine, the embedder, the model's name.
+"""What every route of the slot server reads: the settings, the engine, the model's name.
 
 ``ServingEngine`` is the engine as the routes see it, a ``typing.Protocol``: its
 model, ``submit``, a frozen ``status()`` snapshot and ``close``; nothing else of
@@ -7,6 +7,9 @@ calls it on the event loop: ``ServerState.status()`` waits in a worker thread, o
 asks meanwhile (llama-server waits in its HTTP thread pool, never in the thread that serves streams). ``llmkit.engine.Engine`` is one, the
 scripted engine of tests/test_server_app.py another. ``ServerState`` is created once per app (``app.state.server``); a
 route asks for it with a ``state: State`` parameter (a FastAPI dependency).
+
+The features (embeddings, handoff, kv_publisher, metrics) each own their object and its dependency; ``app.py``
+builds, starts and stops them. This module imports none of them.
 """
 
 from __future__ import annotations
@@ -16,24 +19,18 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Protocol, runtime_checkable
+from typing import Annotated, Protocol, runtime_checkable
 
 import llama_cpp
 from fastapi import Depends, Request
-from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
 import llmkit
 from llmkit.engine import EngineStatus, KVState, RequestParams
 from llmkit.engine import Request as EngineRequest
+from llmkit.engine.kv_events import KVEventTracker
 from llmkit.llama import Model
-from llmkit.server import metrics
 from llmkit.server.errors import ApiError
-
-if TYPE_CHECKING:
-    from llmkit.server.embeddings import Embedder  # whose routes read this module
-    from llmkit.server.handoff import Handoffs  # likewise
-    from llmkit.server.kv_publisher import KVPublisher
 
 log = logging.getLogger("llmkit.server")
 
@@ -59,10 +56,13 @@ class Settings:
 @runtime_checkable
 class ServingEngine(Protocol):
     """What the routes ask of the engine: its model, ``submit``, a ``status()`` snapshot (``/slots``, ``/metrics``,
-    ``/props``), ``close``."""
+    ``/props``), ``close``; and its KV events, for ``--kv-events`` (None: an engine that makes none)."""
 
     @property
     def model(self) -> Model: ...
+
+    @property
+    def kv_events(self) -> KVEventTracker | None: ...
 
     def submit(self, prompt: list[int], params: RequestParams | None = None, kv: KVState | None = None) -> EngineRequest: ...
 
@@ -71,30 +71,17 @@ class ServingEngine(Protocol):
     def close(self) -> None: ...
 
 
-def new_handoffs() -> Handoffs:
-    from llmkit.server.handoff import Handoffs  # whose routes read this module
-
-    return Handoffs()
-
-
 @dataclass
 class ServerState:
-    """One app's engine (once loaded), embedder and settings."""
+    """One app's settings and engine (once loaded), or why it failed to load."""
 
     settings: Settings
     loaded: ServingEngine | None = None
-    embedder: Embedder | None = None
     load_error: Exception | None = None
-    kv_publisher: KVPublisher | None = None
-    handoffs: Handoffs = field(default_factory=new_handoffs)  # a prefill worker's KV cells, kept for its decode workers
     t_start: int = field(default_factory=lambda: int(time.time()))  # when the server started, Unix seconds
-    registry: CollectorRegistry = field(init=False)
     n_ctx_slot: int = 0  # each slot's context, read once when the engine is ready (it never changes)
     last_status: EngineStatus | None = None  # the engine's last snapshot a route waited for (what /metrics renders)
     _asking: asyncio.Future[EngineStatus] | None = field(default=None, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.registry = metrics.registry(lambda: self.last_status)
 
     async def status(self) -> EngineStatus:
         """The engine's status at the end of its current step, waited for off the event loop.
@@ -121,20 +108,17 @@ class ServerState:
         return self.settings.alias or self.engine.model.path.name
 
     def ready(self, engine: ServingEngine) -> None:
-        from llmkit.server import kv_publisher
-        from llmkit.server.embeddings import Embedder
-
-        self.kv_publisher = kv_publisher.start(engine, self.settings.kv_events)
-        self.embedder = Embedder(engine.model, n_threads=self.settings.n_threads)
+        """Serve ``engine`` from now on (the gate lets requests in)."""
         self.loaded = engine
         status = self.last_status = engine.status()
         self.n_ctx_slot = status.n_ctx_slot
         log.info("model %s ready: %d slots of %d tokens", self.model_name, len(status.slots), status.n_ctx_slot)
 
-    def load(self, loader: Callable[[], ServingEngine]) -> None:
-        """Call ``loader`` (in a worker thread, at start-up); a failure is kept, and answered as a 500 from then on."""
+    def load(self, loader: Callable[[], object]) -> None:
+        """Call ``loader`` (in a worker thread, at start-up; it makes the engine ready); a failure is kept, and answered
+        as a 500 from then on."""
         try:
-            self.ready(loader())
+            loader()
         except Exception as exc:
             log.exception("the model failed to load")
             self.load_error = exc
@@ -145,12 +129,8 @@ class ServerState:
             return ApiError(500, f"The model failed to load: {self.load_error}")
         return None if self.loaded is not None else ApiError(503, "Loading model")
 
-    def close(self, *, engine_too: bool) -> None:
-        if self.kv_publisher is not None:
-            self.kv_publisher.close()
-        if self.embedder is not None:
-            self.embedder.close()
-        if engine_too and self.loaded is not None:
+    def close(self) -> None:
+        if self.loaded is not None:
             self.loaded.close()
 
 

@@ -400,7 +400,7 @@ MAP: tuple[Counterpart, ...] = (
     Counterpart("llmkit.server.handoff.kv_handoff", "server_context_impl::process_single_task", CONTEXT,
                 "a finished prefill's KV cells for its decode worker, over HTTP, once (kept 60 s in RAM); llama-server's slot save "
                 "(/slots?action=save) writes a slot's cells to a file under --slot-save-path",
-                in_upstream="llama_state_seq_save_file(", in_llmkit="state.handoffs.take(key)"),
+                in_upstream="llama_state_seq_save_file(", in_llmkit="kept.take(key)"),
     Counterpart("llmkit.engine.scheduler.Scheduler.launch_from", "server_context_impl::process_single_task", CONTEXT,
                 "starts a request from KV cells another server read (disaggregated decode); llama-server's slot restore loads an idle "
                 "slot's cells from a file, with no request",
