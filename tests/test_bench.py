@@ -9,9 +9,12 @@ from pathlib import Path
 
 from llmkit.cli import build_parser
 from llmkit.course import bench, client
-from llmkit.course.bench import scenarios
 from llmkit.course.bench.prompts import QUESTION, REVIEWS
-from llmkit.course.bench.scenarios import ApiStreaming, Arrivals, Measured, Speculation
+from llmkit.course.bench.scenarios import Measured
+from llmkit.course.bench.scenarios import speculation as speculation_scenario
+from llmkit.course.bench.scenarios.apis import ApiStreaming
+from llmkit.course.bench.scenarios.arrivals import Arrivals
+from llmkit.course.bench.scenarios.speculation import Speculation
 from llmkit.course.bench.servers import OpenAIServer, through
 
 SERVERS = (bench.RAW, "sequential", "slots", bench.NO_BUDGET, "llama-server")
@@ -58,7 +61,9 @@ def test_bench_tiny_run(tmp_path, monkeypatch):
         shared_bursts=(),  # its own test: test_bench_shared_prefix_tiny_run
     )
     # speculation: one short prompt of each kind (its own prompts are a few hundred tokens each, read 16 times each here)
-    monkeypatch.setattr(scenarios, "spec_prompts", lambda: {"copy": ["one two three, one two three, one two"], "free": ["Once upon a"]})
+    monkeypatch.setattr(
+        speculation_scenario, "spec_prompts", lambda: {"copy": ["one two three, one two three, one two"], "free": ["Once upon a"]}
+    )
     results = bench.run(cfg)
 
     assert {(r.server, r.concurrency) for r in results.rows} == {(s, c) for s in SERVERS for c in (1, 2)}
@@ -250,7 +255,7 @@ def test_api_targets_judge_against_chats_own_spread():
 
     def verdicts(chat_low: float, responses: float, messages: float) -> dict[str, tuple[str, str]]:
         apis = [entry("chat", 1.0, chat_low, 1.01), entry("responses", responses, 0.9, 1.1), entry("messages", messages, 0.9, 1.1)]
-        targets = bench.report.judge(Measured(apis=apis), bench.Config(concurrency=(1,), api_streams=(1,)))
+        targets = bench.targets.judge(Measured(apis=apis), bench.Config(concurrency=(1,), api_streams=(1,)))
         streaming = [t for t in targets if "streaming through" in t.name]
         return {t.name.split(":")[0].removeprefix("slots streaming through "): (t.measured, t.verdict) for t in streaming}
 
@@ -270,7 +275,7 @@ def test_burst_targets_compare_the_budget_with_llama_server_at_both_batch_sizes(
     def verdicts(small_gap_ms: float) -> dict[str, tuple[str, str]]:
         burst = [scene("slots", 600, 5000), scene(bench.NO_BUDGET, 4000, 4500), scene("llama-server", 4300, 4400),
                  scene(bench.SMALL_BATCH, small_gap_ms, 5500)]  # fmt: skip
-        targets = bench.report.judge(Measured(arrivals=burst), bench.Config(concurrency=(1,), arrivals=(1,)))
+        targets = bench.targets.judge(Measured(arrivals=burst), bench.Config(concurrency=(1,), arrivals=(1,)))
         return {t.name.removeprefix("burst with 1 running: "): (t.measured, t.verdict) for t in targets if t.name.startswith("burst")}
 
     judged = verdicts(small_gap_ms=450)
@@ -300,7 +305,7 @@ def test_speculation_targets_take_each_servers_best_mode():
         *(entry("slots", f"{m}, slow start 4", "free", n, x) for n in (1, 4) for m, x in (("ngram-simple", 0.98), ("ngram-mod", 0.96))),
         entry("slots", "ngram-mod", "free", 1, 0.5),  # without the slow start: shown, not judged
     ]
-    targets = {t.name: (t.measured, t.verdict) for t in bench.report.judge(Measured(speculation=results), bench.Config(concurrency=(1,)))}
+    targets = {t.name: (t.measured, t.verdict) for t in bench.targets.judge(Measured(speculation=results), bench.Config(concurrency=(1,)))}
     assert targets["slots speculation speedup on copy-heavy prompts >= 1.0x llama-server's, best mode of each (1 stream)"] == (
         "0.94x (ngram-mod 1.50x, llama-server ngram-mod 1.60x)", "FAIL")  # fmt: skip
     assert targets["slots speculation speedup on copy-heavy prompts > 1.0x, best mode (4 streams)"] == ("1.05x (ngram-mod)", "PASS")

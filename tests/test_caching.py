@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from llmkit.course.bench.scenarios import rss_mb
+from llmkit.course.bench.scenarios.soak import rss_mb
 from llmkit.engine import End, Engine, EngineConfig, EngineError, RequestParams
 from llmkit.engine.prompt_cache import MIB
 

@@ -7,7 +7,7 @@ What one run measures (and writes to ``bench-results/``: results.md, results.jso
 
 - an "engine limit": a plain loop on ``llmkit.llama`` decoding 1..8 sequences in
   one batch per step, no server (``RawDecoder``);
-- every server at every concurrency level (``scenarios.all_levels``): each client
+- every server at every concurrency level (``levels.all_levels``): each client
   sends one streamed request; aggregate tokens/s = all generated tokens / (first
   request sent -> last stream done), time to first token (TTFT), tokens/s per
   stream, and from ``/metrics`` busy slots per decode and Python's share of each step;
@@ -44,7 +44,7 @@ What one run measures (and writes to ``bench-results/``: results.md, results.jso
 - with ``--greedy-runs R``: chapter 6's 8 reviews, greedy, on an in-process ``Engine``
   with 4 slots of one KV stream each: answered alone, then R times all at once; how many
   batched answers differ from alone (``scenarios.greedy_drift``; information, no target);
-- the targets, judged on ratios (``report.judge``).
+- the targets, judged on ratios (``targets.judge``).
 
 Every server gets the same prompts: the sequential server's translation prompt,
 sent to OpenAI-compatible servers as the chat message it renders to, so every
@@ -63,10 +63,12 @@ The package, one role per module:
     config     Config, the names shared by every part
     prompts    the texts, the translation prompt, long made-up texts of N tokens
     servers    SequentialServer, OpenAIServer: each kind's request and stream; starting them
-    raw        RawDecoder: the same work on llama.cpp alone
-    scenarios  what is measured: all_levels, api_streaming, prefix_reuse, arrivals, kv_cache, speculation, priority, fleet_runs,
-               soak, greedy_drift
-    report     tables, plot, targets, and the files written
+    levels     the concurrency levels (all_levels, Row) and RawDecoder: the same work on llama.cpp alone
+    scenarios/ what else is measured, one module per scenario: apis, prefix, arrivals, kv_cache, speculation,
+               priority, fleet, soak, greedy
+    shared_prefix  a burst of clients behind one system prompt, on the servers with and without --kv-share
+    targets    Target, judge: each target computed on the run's ratios, with its threshold
+    report     tables, plot, and the files written
     run() (here) runs them all and writes the results
 """
 
@@ -99,32 +101,20 @@ from llmkit.course.bench.config import (
     Config,
     spec_mode,
 )
+from llmkit.course.bench.levels import RawDecoder, Row, all_levels
 from llmkit.course.bench.prompts import LANG, TEXTS, chat_prompt, edited_chat, long_system_prompt, long_text
-from llmkit.course.bench.raw import RawDecoder
-from llmkit.course.bench.report import Target
-from llmkit.course.bench.scenarios import (
-    Arrivals,
-    FleetRun,
-    KvCache,
-    Measured,
-    PrefixReuse,
-    Priority,
-    Row,
-    Soak,
-    SpecServer,
-    Speculation,
-    all_levels,
-    api_streaming,
-    arrivals,
-    fleet_runs,
-    greedy_drift,
-    kv_cache,
-    prefix_reuse,
-    priority,
-    soak,
-    speculation,
-)
+from llmkit.course.bench.scenarios import Measured
+from llmkit.course.bench.scenarios.apis import api_streaming
+from llmkit.course.bench.scenarios.arrivals import Arrivals, arrivals
+from llmkit.course.bench.scenarios.fleet import FleetRun, fleet_runs
+from llmkit.course.bench.scenarios.greedy import greedy_drift
+from llmkit.course.bench.scenarios.kv_cache import KvCache, kv_cache
+from llmkit.course.bench.scenarios.prefix import PrefixReuse, prefix_reuse
+from llmkit.course.bench.scenarios.priority import Priority, priority
+from llmkit.course.bench.scenarios.soak import Soak, soak
+from llmkit.course.bench.scenarios.speculation import SpecServer, Speculation, speculation
 from llmkit.course.bench.servers import OpenAIServer, SequentialServer, Server, server_flags, start_servers, start_small_batch
+from llmkit.course.bench.targets import Target, judge
 
 __all__ = [
     "LANG", "NO_BUDGET", "PRIORITY_SERVERS", "RAW", "SMALL_BATCH", "TEXTS", "BenchError", "Config", "Measured", "OpenAIServer",
@@ -146,7 +136,7 @@ def run(cfg: Config) -> Results:
     """Every scenario on every server not skipped; the tables, plot and JSON written to ``cfg.out``."""
     cfg.out.mkdir(parents=True, exist_ok=True)
     measured = measure(cfg)
-    targets = report.judge(measured, cfg)
+    targets = judge(measured, cfg)
     plot_path, table_path = (cfg.out / "bench.png" if measured.rows else None), cfg.out / "results.md"
     if plot_path is not None:  # the plot is of the concurrency levels: none when they were skipped
         report.plot(measured.rows, plot_path)
