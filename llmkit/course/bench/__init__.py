@@ -65,8 +65,7 @@ The package, one role per module:
     servers    SequentialServer, OpenAIServer: each kind's request and stream; starting them
     levels     the concurrency levels (all_levels, Row) and RawDecoder: the same work on llama.cpp alone
     scenarios/ what else is measured, one module per scenario: apis, prefix, arrivals, kv_cache, speculation,
-               priority, fleet, soak, greedy
-    shared_prefix  a burst of clients behind one system prompt, on the servers with and without --kv-share
+               priority, fleet, soak, greedy, shared_prefix
     targets    Target, judge: each target computed on the run's ratios, with its threshold
     report     tables, plot, and the files written
     run() (here) runs them all and writes the results
@@ -85,7 +84,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from llmkit.course import launch
-from llmkit.course.bench import report, shared_prefix
+from llmkit.course.bench import report
 from llmkit.course.bench.config import (
     CACHE_REUSE,
     FLEET_FLAGS,
@@ -103,7 +102,7 @@ from llmkit.course.bench.config import (
 )
 from llmkit.course.bench.levels import RawDecoder, Row, all_levels
 from llmkit.course.bench.prompts import LANG, TEXTS, chat_prompt, edited_chat, long_system_prompt, long_text
-from llmkit.course.bench.scenarios import Measured
+from llmkit.course.bench.scenarios import Measured, shared_prefix
 from llmkit.course.bench.scenarios.apis import api_streaming
 from llmkit.course.bench.scenarios.arrivals import Arrivals, arrivals
 from llmkit.course.bench.scenarios.fleet import FleetRun, fleet_runs

@@ -12,7 +12,6 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
-from llmkit.course.bench import shared_prefix
 from llmkit.course.bench.config import (
     CACHE_REUSE,
     PRIORITY_SLOTS,
@@ -22,7 +21,7 @@ from llmkit.course.bench.config import (
     Config,
 )
 from llmkit.course.bench.levels import Row
-from llmkit.course.bench.scenarios import Measured
+from llmkit.course.bench.scenarios import Measured, shared_prefix
 from llmkit.course.bench.scenarios.apis import ApiStreaming
 from llmkit.course.bench.scenarios.arrivals import Arrivals
 from llmkit.course.bench.scenarios.fleet import FleetRun

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from llmkit.course.bench import shared_prefix
 from llmkit.course.bench.config import (
     NO_BUDGET,
     PRIORITY_SERVERS,
@@ -23,7 +22,7 @@ from llmkit.course.bench.config import (
     spec_mode,
 )
 from llmkit.course.bench.levels import Row
-from llmkit.course.bench.scenarios import Measured
+from llmkit.course.bench.scenarios import Measured, shared_prefix
 from llmkit.course.bench.scenarios.apis import ApiStreaming
 from llmkit.course.bench.scenarios.arrivals import Arrivals
 from llmkit.course.bench.scenarios.fleet import FleetRun

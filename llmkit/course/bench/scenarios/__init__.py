@@ -9,14 +9,15 @@
     speculation   draft-free speculative decoding on and off, on prompts whose answers repeat them and on free text
     priority      a high-priority request while every slot streams: waiting for a slot, or preempting one
     fleet         fleet_runs: the router's policies in front of replicas, on a multi-tenant trace
+    shared_prefix a burst of clients behind one system prompt, on the servers with and without --kv-share (its own
+                  table and targets already here: the shape the others are to take)
 
-(The concurrency levels, ``all_levels`` and its ``Row``, are ``bench.levels``'; shared prefixes are
-``bench.shared_prefix``'s.) Each scenario returns its numbers in a dataclass named after it (``prefix_reuse`` ->
-``PrefixReuse``), one per server (and level), and ``Measured`` holds them all for one run. A new scenario is a module
-here with an async function that takes a ``Server`` (and the ``Config``) and returns its dataclass;
-``llmkit.course.bench.run`` calls it for every server, ``report`` turns its results into a table and ``targets``,
-if it has one, into its targets. (``greedy_drift`` is about llama.cpp's numbers, not a server's: it runs once, on an
-``Engine`` of its own.)
+(The concurrency levels, ``all_levels`` and its ``Row``, are ``bench.levels``'.) Each scenario returns its numbers in
+a dataclass named after it (``prefix_reuse`` -> ``PrefixReuse``), one per server (and level), and ``Measured`` holds
+them all for one run. A new scenario is a module here with an async function that takes a ``Server`` (and the
+``Config``) and returns its dataclass; ``llmkit.course.bench.run`` calls it for every server, ``report`` turns its
+results into a table and ``targets``, if it has one, into its targets. (``greedy_drift`` is about llama.cpp's numbers,
+not a server's: it runs once, on an ``Engine`` of its own.)
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ from llmkit.course.bench.scenarios.greedy import GreedyDrift
 from llmkit.course.bench.scenarios.kv_cache import KvCache
 from llmkit.course.bench.scenarios.prefix import PrefixReuse
 from llmkit.course.bench.scenarios.priority import Priority
+from llmkit.course.bench.scenarios.shared_prefix import SharedPrefix
 from llmkit.course.bench.scenarios.soak import Soak
 from llmkit.course.bench.scenarios.speculation import Speculation
-from llmkit.course.bench.shared_prefix import SharedPrefix
 
 
 @dataclass
