@@ -1,4 +1,4 @@
-"""The bench's API streaming cost: the same streams through chat, Responses and Messages."""
+"""API streaming cost: the same streams through chat, Responses and Messages, at 1 and 8 streams."""
 
 from __future__ import annotations
 

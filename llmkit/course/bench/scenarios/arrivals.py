@@ -1,4 +1,4 @@
-"""The bench's arrivals: a burst of long prompts while streams run."""
+"""Arrivals: a burst of long prompts while streams run; the streams' worst gap, the arrivals' first token."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The bench's fleet: the router's policies in front of replicas."""
+"""Fleet: the router's policies in front of replicas of each server, on the same multi-tenant trace."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The bench's greedy drift: the same greedy answers alone and batched?."""
+"""Greedy drift: are the same greedy answers alike alone and batched (in-process, one KV stream per slot)?"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The bench's the KV cache beyond one slot: the host-RAM prompt cache, cache reuse."""
+"""The KV cache beyond one slot: a long prefix back from the host-RAM prompt cache; an edited chat with cache reuse."""
 
 from __future__ import annotations
 

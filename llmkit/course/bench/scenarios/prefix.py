@@ -1,4 +1,4 @@
-"""The bench's prefix reuse."""
+"""Prefix reuse: the first token behind a new long prefix (cold) and behind the same prefix again (warm)."""
 
 from __future__ import annotations
 

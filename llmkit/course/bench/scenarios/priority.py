@@ -1,4 +1,4 @@
-"""The bench's priority: a request that must go first, while every slot is busy."""
+"""Priority: a request that must go first while every slot is busy, waiting for a slot or preempting one."""
 
 from __future__ import annotations
 

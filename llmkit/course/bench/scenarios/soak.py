@@ -1,4 +1,4 @@
-"""The bench's soak: memory over many requests."""
+"""Soak: many short requests, the server's resident memory sampled as they go."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The bench's speculation: draft-free speculative decoding, with and without, on the same server."""
+"""Speculation: draft-free speculative decoding, with and without, on the same server."""
 
 from __future__ import annotations
 
