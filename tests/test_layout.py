@@ -268,8 +268,8 @@ def test_the_circle_finder_reads_type_only_and_local_imports_and_names_a_circle(
 def test_no_import_circle_among_the_modules_of_llmkit():
     """Each module imports only what sits below it, type-only and function-local imports included: a reader can start
     at the bottom, and a change never has to be made on both sides of a circle."""
-    pending = ENGINE_SPLIT_PENDING | EXERCISES_CIRCLE_PENDING
-    circles = [" -> ".join(circle) for circle in import_circles(import_graph()) if not set(circle) <= pending]
+    pending = (ENGINE_SPLIT_PENDING, EXERCISES_CIRCLE_PENDING)
+    circles = [" -> ".join(c) for c in import_circles(import_graph()) if not any(set(c) <= known for known in pending)]
     assert circles == [], "import circles"
 
 
