@@ -6,11 +6,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import fields
+from typing import Any
 
 from llmkit import models
 from llmkit.cli.course import course_imports
-from llmkit.engine.config import DEFAULT_STEP_TOKENS, EngineConfig
+from llmkit.engine import plugins
+from llmkit.engine.config import DEFAULT_STEP_TOKENS, PLUG_INS, EngineConfig
 from llmkit.engine.policy import POLICIES, LlamaServerPolicy
 from llmkit.engine.speculative import SpecParams, SpecType
 
@@ -104,15 +107,57 @@ def add_engine_flags(slots: argparse.ArgumentParser) -> None:
         help=f"token budget of one engine step: running streams first, then prompt chunks, so a burst of "
         f"long prompts does not stall them (default {DEFAULT_STEP_TOKENS}; 0: up to -b, as llama-server)",
     )
+    add_plug_in_flags(slots)
+
+
+def plug_in(builtins: dict[str, Any], kind: str, *, make: bool) -> Callable[[str], Any]:
+    """An argparse type: a built-in ``kind`` by name, or your own as ``package.module:Name`` (``engine.plugins``); with
+    ``make``, called with no arguments (a policy, a drafter), else taken as it is (a class or function the engine calls)."""
+
+    def parse(spec: str) -> Any:
+        try:
+            found = plugins.find(spec, builtins, kind)
+            return found() if make else found
+        except Exception as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    parse.__name__ = kind
+    return parse
+
+
+def add_plug_in_flags(slots: argparse.ArgumentParser) -> None:
+    """The engine's seams (``EngineConfig``'s plug-ins), each reported by name in /props: llmkit's own flags."""
     slots.add_argument(
         "--scheduling-policy",
-        choices=POLICIES,
+        type=plug_in(POLICIES, "scheduling policy", make=True),
         default=LlamaServerPolicy.name,
+        metavar="NAME|module:Class",
         help="llmkit's own: who goes first and which slot a request gets: llama-server's rules (default), "
         "shortest-prompt, fair-share (among X-Tenant headers), priority (the request's priority field, lower first; "
         "a request may preempt a running one of a lower priority), lpm (SGLang's longest prefix match: the most of its "
-        "prompt cached first)",
+        "prompt cached first), or your own Policy class",
     )
+    own = "llmkit's own: package.module:Name of your own"
+    slots.add_argument(
+        "--drafter",
+        type=plug_in({}, "drafter", make=True),
+        metavar="module:Class",
+        help=f"{own} drafter class, made with no arguments (its n_max, or --spec-type's, bounds a draft)",
+    )
+    slots.add_argument(
+        "--sampler",
+        type=plug_in({}, "sampler", make=False),
+        metavar="module:Name",
+        help=f"{own} sampler: called with (model, SamplingParams) for each request (default llmkit.sampling.Sampler)",
+    )
+    slots.add_argument(
+        "--stop-matcher",
+        type=plug_in({}, "stop matcher", make=False),
+        metavar="module:Name",
+        help=f"{own} stop-string matcher: called with each request's stop strings (default llmkit.text.StopMatcher)",
+    )
+    slots.add_argument("--cache-choice", type=plug_in({}, "cache choice", make=False), metavar="module:Name",
+                       help=f"{own} rule of the prompt cache: (entries, held, prompt) -> an entry's index or None")  # fmt: skip
 
 
 def add_kv_cache_flags(slots: argparse.ArgumentParser) -> None:
@@ -188,8 +233,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         n_parallel=args.parallel, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads, kv_unified=args.kv_unified,
         step_tokens=args.step_tokens, cache_ram_mib=args.cache_ram, cache_idle_slots=args.cache_idle_slots,
         cache_reuse=args.cache_reuse, context_shift=args.context_shift, speculative=speculative,
-        policy=POLICIES[args.scheduling_policy](), kv_events=args.kv_events is not None, kv_block_size=args.kv_block_size,
-        kv_share=args.kv_share,
+        policy=args.scheduling_policy, kv_events=args.kv_events is not None, kv_block_size=args.kv_block_size,
+        kv_share=args.kv_share, **{name: given for name in PLUG_INS if name != "policy" and (given := getattr(args, name)) is not None},
     )  # fmt: skip
 
 

@@ -11,7 +11,7 @@ scheduler.py     the Scheduler: queue, slots, prompt cache; admission, preemptio
                  (build_batch ~ pre_decode) and its commit, and the one place a request ends
 prompt_cache.py  the host-RAM prompt cache (server_prompt_cache)
 kv_events.py     KV events: what the slots and the prompt cache hold, as vLLM's block events (llmkit's own, off by default)
-plugins.py       a plug-in by name: a built-in one's, or package.module:Class (the CLI's --scheduling-policy)
+plugins.py       a plug-in by name: a built-in one's, or package.module:Name (the CLI's --scheduling-policy, --drafter, ...)
 speculative.py   draft-free speculative decoding: SpecParams, the n-gram drafters (common/speculative.cpp)
 steps.py         StepRecord, Counters: what each step did, the totals (/metrics)
 status.py        EngineStatus: what the engine tells (a snapshot its thread publishes)
