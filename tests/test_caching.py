@@ -4,6 +4,9 @@ by moving chunks, context shift, and the unified KV cache of ``-np`` auto."""
 from __future__ import annotations
 
 import os
+import random
+import threading
+import time
 
 import pytest
 
@@ -273,3 +276,36 @@ def test_shared_cells_run_at_once_a_burst_whose_copies_would_not_fit(model):
     assert ran[True][:2] == (4, 4)  # shared: every request answered, all four in the same steps ...
     assert ran[True][2].used < 512 and ran[True][2].shared > 200  # ... on one prefix's cells, held by the four
     assert ran[False][0] < 4, ran[False]  # unshared: the cache cannot hold them, and some failed
+
+
+def test_under_pressure_no_request_fails_for_cells_an_idle_prefix_held(model, caplog):
+    # kv_share keeps idle slots' cells for later requests. Six prefixes of ~230 tokens, four slots of a 1024-cell cache,
+    # two clients that each send a request at a time (so the running ones always fit), answers of 60-150 tokens,
+    # some clients leaving early: as answers grow beside idle slots' kept cells the cache fills, and idle slots' cells
+    # must make room (least recently used first) before any request fails.
+    rng = random.Random(7)
+    prefixes = [model.tokenize(f"Tenant {k}: {LINES[k % len(LINES)]} " * 14)[:230] for k in range(6)]
+    config = EngineConfig(n_parallel=4, n_ctx=1024, n_threads=1, kv_unified=True, kv_share=True, cache_ram_mib=0)
+    outcomes: list[tuple[bool, bool]] = []  # (left early, answered)
+
+    def client(seed: int) -> None:
+        own = random.Random(seed)
+        for k in range(8):
+            prompt = own.choice(prefixes) + model.tokenize(f" Question {seed}.{k}?", add_special=False)
+            request = engine.submit(prompt, RequestParams.of(max_tokens=own.randrange(60, 150), temperature=0, ignore_eos=True))
+            leaves = own.random() < 0.25
+            if leaves:
+                threading.Timer(own.uniform(0, 1.0), request.cancel).start()
+            outcomes.append((leaves, answered(request)))
+            time.sleep(own.uniform(0, 0.3))
+
+    with Engine(model, config) as engine, caplog.at_level("WARNING", logger="llmkit.engine"):
+        assert 2 * (230 + 160) < engine.ctx.n_ctx < 4 * (230 + 60)  # two running requests fit; four slots' worth does not
+        clients = [threading.Thread(target=client, args=(rng.randrange(1000),)) for _ in range(2)]
+        for thread in clients:
+            thread.start()
+        for thread in clients:
+            thread.join()
+        failed = engine.status().counters.requests_failed_total
+    assert failed == 0 and all(ok for leaves, ok in outcomes if not leaves), outcomes
+    assert any("purging slot" in r.message for r in caplog.records)  # the cache filled, and idle cells made room
