@@ -12,7 +12,8 @@ from llmkit.engine.policy import FairShare, LlamaServerPolicy, LongestPrefixMatc
 from llmkit.engine.prompt_cache import MIB, PromptCache
 from llmkit.engine.request import Request, RequestParams
 from llmkit.engine.scheduler import Scheduler, admission, build_batch, swaps_prompt
-from llmkit.engine.slot import Slot, common_prefix
+from llmkit.engine.slot import Slot
+from llmkit.engine.tokens import common_prefix
 
 from helpers import busy, generating, reading, running
 

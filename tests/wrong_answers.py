@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from llmkit.course.exercises import ch04, ch09
-from llmkit.engine.slot import common_prefix
+from llmkit.engine.tokens import common_prefix
 from llmkit.sequential.translator import Translator
 from llmkit.text import StopMatcher
 

@@ -13,6 +13,7 @@ prompt_cache.py  the host-RAM prompt cache (server_prompt_cache)
 kv_events.py     KV events: what the slots and the prompt cache hold, as vLLM's block events (llmkit's own, off by default)
 plugins.py       a plug-in by name: a built-in one's, or package.module:Name (the CLI's --scheduling-policy, --drafter, ...)
 speculative.py   draft-free speculative decoding: SpecParams, the n-gram drafters (common/speculative.cpp)
+tokens.py        common_prefix: the one comparison of token lists (server_tokens::get_common_prefix)
 steps.py         StepRecord, Counters: what each step did, the totals (/metrics)
 status.py        EngineStatus: what the engine tells (a snapshot its thread publishes)
 engine.py        the runner and its loop: step = admit + update_slots (the scheduler's plan, decode, commit, sample);

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, ClassVar, NamedTuple, Protocol
 
 from llmkit.engine.job import Job
 from llmkit.engine.request import Outcome, Request, RequestParams
-from llmkit.engine.slot import Slot, common_prefix
+from llmkit.engine.slot import Slot
+from llmkit.engine.tokens import common_prefix
 
 if TYPE_CHECKING:
     from llmkit.engine.steps import StepRecord

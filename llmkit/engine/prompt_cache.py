@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmkit.engine.memory import KVMemory
-from llmkit.engine.slot import common_prefix
+from llmkit.engine.tokens import common_prefix
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024

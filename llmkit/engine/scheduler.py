@@ -29,8 +29,9 @@ from llmkit.engine.memory import KVMemory
 from llmkit.engine.policy import SIMILARITY_THRESHOLD, LlamaServerPolicy, Policy, Running, held_prefix
 from llmkit.engine.prompt_cache import PromptCache
 from llmkit.engine.request import End, KVState, Outcome, Request, RequestParams
-from llmkit.engine.slot import Slot, common_prefix
+from llmkit.engine.slot import Slot
 from llmkit.engine.steps import Counters
+from llmkit.engine.tokens import common_prefix
 from llmkit.timings import Timings
 
 log = logging.getLogger("llmkit.engine")

@@ -19,6 +19,7 @@ import time
 from typing import TYPE_CHECKING
 
 from llmkit.engine.memory import KVMemory
+from llmkit.engine.tokens import common_prefix
 
 if TYPE_CHECKING:
     from llmkit.engine.job import Job
@@ -30,15 +31,6 @@ _CELL_IDS = itertools.count()  # one id per KV cell ever written: slots that hol
 
 def new_cells(n: int) -> list[int]:
     return [next(_CELL_IDS) for _ in range(n)]
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix (llama-server: server_tokens::get_common_prefix)."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class Slot:

@@ -12,7 +12,8 @@ from llmkit.course.exercises.lab import LAB, one_by_one, quiet_engine
 from llmkit.engine.policy import choose_slot
 from llmkit.engine.prompt_cache import MIB, MIN_KEEP, choose_entry
 from llmkit.engine.request import RequestParams
-from llmkit.engine.slot import Slot, common_prefix
+from llmkit.engine.slot import Slot
+from llmkit.engine.tokens import common_prefix
 
 CHAPTER = Chapter(5)
 

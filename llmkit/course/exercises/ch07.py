@@ -17,7 +17,8 @@ from llmkit.course.exercises.core import ENGINE, HIDDEN, LIVE, LLAMA, SOURCE, Ch
 from llmkit.course.exercises.lab import LAB, metric, one_by_one, quiet_engine, slot_of
 from llmkit.engine.policy import LlamaServerPolicy
 from llmkit.engine.request import Request, RequestParams
-from llmkit.engine.slot import Slot, common_prefix
+from llmkit.engine.slot import Slot
+from llmkit.engine.tokens import common_prefix
 
 CHAPTER = Chapter(7)
 FLAGS = ("-np", "2", "-c", "4096", "-t", "1", "--temp", "0", "--seed", "1")

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from llmkit.engine.prompt_cache import CachedPrompt, PromptCache
-from llmkit.engine.slot import Slot, common_prefix
+from llmkit.engine.slot import Slot
+from llmkit.engine.tokens import common_prefix
 
 BLOCK = 16  # --kv-event-block-size (the router's and vLLM's default)
 

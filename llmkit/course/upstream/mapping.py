@@ -226,7 +226,7 @@ MAP: tuple[Counterpart, ...] = (
     Counterpart("llmkit.engine.slot.Slot.release", "server_slot::release", CONTEXT,
                 "the same: the KV cache stays for the next request",
                 in_upstream="t_last_used = ggml_time_us()", in_llmkit="self.t_last_used = time.perf_counter()"),
-    Counterpart("llmkit.engine.slot.common_prefix", "server_tokens::get_common_prefix", COMMON,
+    Counterpart("llmkit.engine.tokens.common_prefix", "server_tokens::get_common_prefix", COMMON,
                 "plain token lists (no multimodal chunks)",
                 in_upstream="tokens[i] == b.tokens[i]", in_llmkit="a[i] == b[i]"),
     Counterpart("llmkit.engine.request.Request", "server_task", "tools/server/server-task.h",

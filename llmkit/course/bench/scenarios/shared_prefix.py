@@ -31,7 +31,7 @@ from llmkit.course.bench.config import Config
 from llmkit.course.bench.prompts import long_system_prompt
 from llmkit.course.bench.servers import OpenAIServer, http_client, server_flags
 from llmkit.course.client import StreamResult
-from llmkit.engine.slot import common_prefix
+from llmkit.engine.tokens import common_prefix
 from llmkit.llama import Model
 
 PREFIX_TOKENS = 700  # the system prompt every client sends
