@@ -59,6 +59,7 @@ def test_bench_tiny_run(tmp_path, monkeypatch):
         priority_rounds=0,  # its own test: test_bench_priority_tiny_run
         fleet_policies=(),  # its own test: test_bench_fleet_tiny_run
         shared_bursts=(),  # its own test: test_bench_shared_prefix_tiny_run
+        shared_trace=0,
     )
     # speculation: one short prompt of each kind (its own prompts are a few hundred tokens each, read 16 times each here)
     monkeypatch.setattr(
@@ -379,7 +380,7 @@ def test_bench_shared_prefix_tiny_run(tmp_path):
     # two clients, one ~700-token system prompt: the slot server as llama-server keeps its cache reads the prefix twice,
     # with --kv-share once (the second request takes the first's cells); both over HTTP, the counts from the servers
     cfg = bench.Config(threads=1, out=tmp_path, skip=EVERYTHING_ELSE - {"shared-prefix"} | {"llama-server", "priority"},
-                       fleet_policies=(), shared_bursts=(2,))  # fmt: skip
+                       fleet_policies=(), shared_bursts=(2,), shared_trace=2)  # fmt: skip
     results = bench.run(cfg)
 
     by_server = {r.server: r for r in results.shared_prefix}
@@ -392,3 +393,6 @@ def test_bench_shared_prefix_tiny_run(tmp_path):
         ["slots", "2"], ["slots --kv-share", "2"]]  # fmt: skip
     targets = {row[0]: row[2] for row in markdown_table(saved, "| target |")[1:]}
     assert targets["slots --kv-share, 2 clients: prompt tokens computed <= 1.1x the least"] == "PASS"
+    trace = {r.server: r for r in results.shared_trace}  # the trace on each: the kv-share server holds fewer cells
+    assert sorted(trace) == ["slots", "slots --kv-share"] and all(r.prompt_tokens > 0 and r.cells for r in trace.values())
+    assert [row[0] for row in markdown_table(saved, "| server | prompt tokens computed | TTFT p50")[1:]] == ["slots", "slots --kv-share"]

@@ -179,44 +179,11 @@ async def long_streams(f: fleet.Fleet, n: int, max_tokens: int, on_started) -> l
         return await asyncio.wait_for(asyncio.gather(*tasks), 120)  # none hangs
 
 
-async def steady_load(f: fleet.Fleet, clients: int, during) -> tuple[list[dict], object]:
-    """``clients`` clients, each sending streamed chats one after another through the router while ``during`` runs
-    (in a thread); every request's replica, status, finish reason, error and times; and what ``during`` returned."""
-    done, records = asyncio.Event(), []
-
-    async def client(c: int, http: httpx.AsyncClient) -> None:
-        k = 0
-        while not done.is_set():
-            body = {"model": "any", "messages": [{"role": "user", "content": f"Count from {c * 100 + k}."}],
-                    "max_tokens": 24, "ignore_eos": True, "stream": True}  # fmt: skip
-            out: dict = {"replica": None, "status": None, "finish": None, "error": None, "t0": time.perf_counter()}
-            try:
-                async with http.stream("POST", f"{f.url}/v1/chat/completions", json=body) as r:
-                    out["status"] = r.status_code
-                    async for line in r.aiter_lines():
-                        if line.startswith("data: {") and (chunk := json.loads(line[6:]))["choices"]:
-                            out["replica"] = f.replica_of(chunk)
-                            out["finish"] = chunk["choices"][0].get("finish_reason") or out["finish"]
-            except httpx.HTTPError as exc:
-                out["error"] = type(exc).__name__
-            records.append(out | {"t1": time.perf_counter()})
-            k += 1
-
-    async with httpx.AsyncClient(timeout=httpx.Timeout(60, connect=5)) as http:
-        tasks = [asyncio.create_task(client(c, http)) for c in range(clients)]
-        try:
-            result = await asyncio.to_thread(during)
-        finally:
-            done.set()
-        await asyncio.wait_for(asyncio.gather(*tasks), 120)  # none hangs
-    return records, result
-
-
 def test_a_rolling_restart_under_steady_load_fails_no_request(slots_fleet):
     """Each replica in turn gets SIGTERM while streams run through the router: it drains (it takes no new connection,
     so the router retries on the other one, and its running streams finish), starts again, and rejoins."""
     f = slots_fleet
-    records, stopped = asyncio.run(steady_load(f, 3, lambda: (time.sleep(2), f.rolling_restart())[1]))  # load first
+    records, stopped = asyncio.run(fleet.steady_load(f, 3, lambda: (time.sleep(2), f.rolling_restart())[1]))  # load first
     failed = [r for r in records if r["status"] != 200 or r["error"] is not None or r["finish"] != "length"]
     assert not failed, failed
     assert len(records) >= 10 and {r["replica"] for r in records} == {0, 1}, records

@@ -33,7 +33,7 @@ import json
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -292,6 +292,40 @@ class DrillRequest:
     replica: int | None
     pieces: int
     error: str | None  # None, "HTTP 5xx: ...", or the client's exception (a stream broken off)
+
+
+async def steady_load(f: Fleet, clients: int, during: Callable[[], Any]) -> tuple[list[dict], Any]:
+    """``clients`` clients, each sending streamed chats one after another through the router while ``during`` runs
+    (in a thread: a rolling restart, say); every request's replica, status, finish reason, error and times (``t0``,
+    ``t1``: perf_counter), and what ``during`` returned."""
+    done, records = asyncio.Event(), []
+
+    async def client(c: int, http: httpx.AsyncClient) -> None:
+        k = 0
+        while not done.is_set():
+            body = {"model": "any", "messages": [{"role": "user", "content": f"Count from {c * 100 + k}."}],
+                    "max_tokens": 24, "ignore_eos": True, "stream": True}  # fmt: skip
+            out: dict = {"replica": None, "status": None, "finish": None, "error": None, "t0": time.perf_counter()}
+            try:
+                async with http.stream("POST", f"{f.url}/v1/chat/completions", json=body) as r:
+                    out["status"] = r.status_code
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: {") and (chunk := json.loads(line[6:]))["choices"]:
+                            out["replica"] = f.replica_of(chunk)
+                            out["finish"] = chunk["choices"][0].get("finish_reason") or out["finish"]
+            except httpx.HTTPError as exc:
+                out["error"] = type(exc).__name__
+            records.append(out | {"t1": time.perf_counter()})
+            k += 1
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(60, connect=5)) as http:
+        tasks = [asyncio.create_task(client(c, http)) for c in range(clients)]
+        try:
+            result = await asyncio.to_thread(during)
+        finally:
+            done.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 120)  # none hangs
+    return records, result
 
 
 async def drill(fleet: Fleet, victim: int = 1, clients: int = 6, seconds: float = 40, kill_at: float = 10, restart_at: float = 25) -> dict:

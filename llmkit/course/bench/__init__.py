@@ -175,7 +175,7 @@ def measure(cfg: Config) -> Measured:
     if cfg.fleet_policies and "fleet" not in cfg.skip:
         m.fleet = [run for server, flags in FLEET_FLAGS.items() if server not in cfg.skip for run in fleet_server_runs(server, flags, cfg)]
     if "shared-prefix" not in cfg.skip:
-        m.shared_prefix = shared_prefix.runs(cfg)
+        m.shared_prefix, m.shared_trace = shared_prefix.runs(cfg)
     if cfg.greedy_runs:
         m.greedy = greedy_drift(cfg)
     return m

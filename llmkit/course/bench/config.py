@@ -67,6 +67,7 @@ class Config:
     spec_streams: tuple[int, ...] = (1, 4)  # speculation: concurrent clients, each sending every prompt in turn (empty: skip it)
     priority_rounds: int = 3  # priority: high-priority requests sent, each while every slot streams (0: skip it)
     shared_bursts: tuple[int, ...] = (4, 8)  # shared prefix: clients sending one system prompt at once (empty: skip it)
+    shared_trace: int = 12  # shared prefix: conversations of the multi-tenant trace each server replays (0: skip it)
     fleet_policies: tuple[str, ...] = FLEET_POLICIES  # fleet: the router's policies compared (empty: skip it)
     fleet_conversations: int = 10  # fleet: the trace's users (4 tenants), each ...
     fleet_turns: int = 4  # ... asking this many questions in a chat that grows

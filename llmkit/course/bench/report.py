@@ -215,6 +215,10 @@ def markdown(m: Measured, targets: list[Target], cfg: Config) -> str:
         parts.append(f"## Shared prefix (a burst of clients, one ~{shared_prefix.PREFIX_TOKENS}-token system prompt, "
                      f"{shared_prefix.ANSWER_TOKENS}-token answers; -np {max(cfg.shared_bursts)} -kvu on each server)\n\n"
                      + shared_prefix.table(m.shared_prefix))  # fmt: skip
+    if m.shared_trace:
+        parts.append(f"## Shared prefix, a trace on one server ({cfg.shared_trace} conversations of {shared_prefix.TRACE_TURNS} turns "
+                     f"over {shared_prefix.TRACE_TENANTS} tenants, {shared_prefix.ANSWER_TOKENS}-token answers; medians of "
+                     f"{cfg.rounds} rounds)\n\n" + shared_prefix.trace_table(m.shared_trace))  # fmt: skip
     parts.append("## Targets\n\n" + targets_table(targets))
     return "\n\n".join(parts) + "\n"
 

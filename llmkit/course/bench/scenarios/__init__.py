@@ -32,7 +32,7 @@ from llmkit.course.bench.scenarios.greedy import GreedyDrift
 from llmkit.course.bench.scenarios.kv_cache import KvCache
 from llmkit.course.bench.scenarios.prefix import PrefixReuse
 from llmkit.course.bench.scenarios.priority import Priority
-from llmkit.course.bench.scenarios.shared_prefix import SharedPrefix
+from llmkit.course.bench.scenarios.shared_prefix import SharedPrefix, TraceRun
 from llmkit.course.bench.scenarios.soak import Soak
 from llmkit.course.bench.scenarios.speculation import Speculation
 
@@ -52,3 +52,4 @@ class Measured:
     priority: list[Priority] = field(default_factory=list)
     fleet: list[FleetRun] = field(default_factory=list)
     shared_prefix: list[SharedPrefix] = field(default_factory=list)
+    shared_trace: list[TraceRun] = field(default_factory=list)

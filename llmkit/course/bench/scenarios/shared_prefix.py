@@ -8,6 +8,10 @@ a new system prompt (nothing cached) goes to each server in turn (the order rota
 client at once. Per server and burst: the prompt tokens it computed (what it read, not what it took from cells), the
 median first-token time and the aggregate tokens/s, each the median of the rounds.
 
+Then the same three servers each replay a multi-tenant, multi-turn trace (``course.trace``: tenants' system prompts,
+conversations that grow, arrivals at random; fresh text each run), in turn: prompt tokens computed, TTFT p50 and p99,
+tokens/s, and the KV cells the slot server's slots hold at the end (``llamacpp:kv_cells_used``).
+
     llmkit bench --skip levels apis prefix arrivals kv-cache speculation priority fleet    # this scenario alone
 
 Targets (``targets``): with ``--kv-share`` the slot server computes at most 1.1 x the least a burst can (the prefix
@@ -19,10 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import httpx
 from tqdm import tqdm
 
 from llmkit import models
@@ -31,6 +38,7 @@ from llmkit.course.bench.config import Config
 from llmkit.course.bench.prompts import long_system_prompt
 from llmkit.course.bench.servers import OpenAIServer, http_client, server_flags
 from llmkit.course.client import StreamResult
+from llmkit.course.trace import make_trace, replay, summarize
 from llmkit.engine.tokens import common_prefix
 from llmkit.llama import Model
 
@@ -43,6 +51,7 @@ SERVERS = {  # name -> (kind, flags beyond -np N -kvu)
     "slots --kv-share": ("slots", ("--kv-share",)),
 }
 QUESTIONS = [f"Which item is on shelf {k}? Answer in one short sentence." for k in range(3, 40)]
+TRACE_TENANTS, TRACE_TURNS = 4, 3  # the trace's shape: tenants, turns a conversation (its conversations: Config.shared_trace)
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,18 @@ class SharedPrefix:
     once: int  # the least that can be computed: the prompts' common prefix once, and each prompt's rest
     ttft_ms: float  # the burst's median first-token time
     tokens_per_s: float  # generated tokens / the burst's wall time
+
+
+@dataclass(frozen=True)
+class TraceRun:
+    """One server replaying the trace, medians of the rounds."""
+
+    server: str
+    prompt_tokens: int  # prompt tokens computed over the trace (its prompts' tokens less those read from a cache)
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    tokens_per_s: float
+    cells: int | None  # the KV cells its slots hold at the end (llama-server: not told)
 
 
 def computed(s: StreamResult) -> int:
@@ -82,23 +103,31 @@ def least(model: Model, bodies: list[dict]) -> int:
     return common + sum(len(p) - common for p in prompts)
 
 
-def runs(cfg: Config) -> list[SharedPrefix]:
-    """The three servers started together, every burst size in every round, the servers in turn (rotated)."""
-    if not cfg.shared_bursts:
-        return []
-    n_max = max(cfg.shared_bursts)
-    flags = [*server_flags(cfg), "-np", str(n_max), "-kvu", "-c", str(n_max * CTX_PER_CLIENT)]
+def runs(cfg: Config) -> tuple[list[SharedPrefix], list[TraceRun]]:
+    """The three servers started together: every burst size in every round, then the trace in every round, the servers
+    in turn (rotated from round to round)."""
+    n_max = max(cfg.shared_bursts, default=2)
+    flags = [*server_flags(cfg), "-np", str(n_max), "-kvu", "-c", str(n_max * CTX_PER_CLIENT), "--metrics"]
     chosen = {name: spec for name, spec in SERVERS.items() if spec[0] not in cfg.skip}
-    if not chosen:
-        return []
-    results: dict[tuple[str, int], list[tuple[int, int, float, float]]] = {}
-    with contextlib.ExitStack() as stack, Model(models.resolve_model(cfg.model)) as model:
+    if not chosen or not (cfg.shared_bursts or cfg.shared_trace):
+        return [], []
+    with contextlib.ExitStack() as stack:
         servers = {name: stack.enter_context(launch.serve(kind, *flags, *extra)) for name, (kind, extra) in chosen.items()}
         clients = {name: OpenAIServer(name, p.url) for name, p in servers.items()}
-        for r in tqdm(range(cfg.rounds), desc="shared prefix", leave=False):
+        return burst_runs(cfg, clients), trace_runs(cfg, clients)
+
+
+def in_turn(names: list[str], r: int) -> list[str]:
+    """Round ``r``'s order: each round starts with the next server."""
+    return names[r % len(names) :] + names[: r % len(names)]
+
+
+def burst_runs(cfg: Config, clients: dict[str, OpenAIServer]) -> list[SharedPrefix]:
+    results: dict[tuple[str, int], list[tuple[int, int, float, float]]] = {}
+    with Model(models.resolve_model(cfg.model)) as model:
+        for r in tqdm(range(cfg.rounds if cfg.shared_bursts else 0), desc="shared prefix", leave=False):
             for n in cfg.shared_bursts:
-                names = list(clients)
-                for name in names[r % len(names) :] + names[: r % len(names)]:  # each round starts with the next server
+                for name in in_turn(list(clients), r):
                     system = long_system_prompt(cfg.model, PREFIX_TOKENS)  # new to every burst: nothing cached
                     bodies = [clients[name].request(QUESTIONS[k], ANSWER_TOKENS, system=system) for k in range(n)]
                     tokens, ttfts, seconds, generated = asyncio.run(burst(clients[name], bodies))
@@ -107,9 +136,43 @@ def runs(cfg: Config) -> list[SharedPrefix]:
     return [median_of(name, n, rs) for (name, n), rs in results.items()]
 
 
+def trace_runs(cfg: Config, clients: dict[str, OpenAIServer]) -> list[TraceRun]:
+    """The trace on each server, fresh text each time (nothing of an earlier run cached): medians of the rounds."""
+    rows: dict[str, list[tuple[float, ...]]] = {}
+    for r in tqdm(range(cfg.rounds if cfg.shared_trace else 0), desc="shared prefix, trace", leave=False):
+        trace = make_trace(seed=r, tenants=TRACE_TENANTS, conversations=cfg.shared_trace, turns=TRACE_TURNS, rate=0.5, think=1.0)
+        for name in in_turn(list(clients), r):
+            s = summarize(replay(trace.fresh(f"{name} {r}"), clients[name].url, max_tokens=ANSWER_TOKENS))
+            cells = metric(clients[name].url, "kv_cells_used") if name != "llama-server" else math.nan
+            rows.setdefault(name, []).append((s.prompt_tokens - s.cached_tokens, s.ttft_p50 * 1e3, s.ttft_p99 * 1e3, s.tokens_per_s, cells))
+    return [trace_median(name, runs) for name, runs in rows.items()]
+
+
+def trace_median(name: str, rounds: list[tuple[float, ...]]) -> TraceRun:
+    tokens, p50, p99, rate, cells = (statistics.median(column) for column in zip(*rounds, strict=True))
+    return TraceRun(name, int(tokens), p50, p99, rate, None if math.isnan(cells) else int(cells))
+
+
+def metric(url: str, name: str) -> float:
+    """One value of a server's ``/metrics`` (``llamacpp:<name>``)."""
+    found = re.search(rf"^llamacpp:{name} (\S+)", httpx.get(f"{url}/metrics", timeout=60).text, re.MULTILINE)
+    return float(found.group(1)) if found else math.nan
+
+
 def median_of(name: str, clients: int, rounds: list[tuple[int, int, float, float]]) -> SharedPrefix:
     tokens, once, ttft, rate = (statistics.median(column) for column in zip(*rounds, strict=True))
     return SharedPrefix(name, clients, int(tokens), int(once), ttft, rate)
+
+
+def trace_table(results: Sequence[TraceRun]) -> str:
+    lines = [
+        "| server | prompt tokens computed | TTFT p50 ms | TTFT p99 ms | tok/s | KV cells held at the end |",
+        "|---|---|---|---|---|---|",
+    ]
+    for t in sorted(results, key=lambda t: t.server):
+        cells = "" if t.cells is None else str(t.cells)
+        lines.append(f"| {t.server} | {t.prompt_tokens} | {t.ttft_p50_ms:.0f} | {t.ttft_p99_ms:.0f} | {t.tokens_per_s:.1f} | {cells} |")
+    return "\n".join(lines)
 
 
 def table(results: Sequence[SharedPrefix]) -> str:
