@@ -10,7 +10,7 @@ from llmkit.course.exercises import expect, servers
 from llmkit.course.exercises.core import ENGINE, HIDDEN, LIVE, LLAMA, Chapter, Guard, Wrong, call
 from llmkit.course.exercises.lab import LAB, one_by_one, quiet_engine
 from llmkit.engine.policy import choose_slot
-from llmkit.engine.prompt_cache import MIB, MIN_KEEP, choose_entry
+from llmkit.engine.prompt_cache import MIB, choose_entry
 from llmkit.engine.request import RequestParams
 from llmkit.engine.slot import Slot
 from llmkit.engine.tokens import common_prefix
@@ -150,18 +150,6 @@ def q3(bytes_per_token, tokens_in_8192_mib) -> str:
 # --- exercise 4: which cached prompt comes back ---------------------------------------------------------------------
 
 
-def reference_entry(entries: list[list[int]], held: list[int], prompt: list[int]) -> int | None:
-    """llmkit's (and llama-server's) rule in ``PromptCache.load``, as an index into ``entries``."""
-    lcp = common_prefix(held, prompt)
-    keep_best, sim_best, best = (lcp / len(held) if held else -1.0), lcp / len(prompt), None
-    for i, tokens in enumerate(entries):
-        lcp = common_prefix(tokens, prompt)
-        keep, sim = lcp / len(tokens), lcp / len(prompt)
-        if keep >= MIN_KEEP and keep > keep_best and sim > sim_best:
-            best, keep_best, sim_best = i, keep, sim
-    return best
-
-
 def seq(start: int, n: int) -> list[int]:
     return list(range(start, start + n))
 
@@ -185,7 +173,7 @@ def check_rule(rule: Callable) -> None:
         yours = call(rule, [list(e) for e in entries], list(held), list(prompt), case=case)
         if yours is not None and not expect.is_int(yours):
             raise Wrong(tr("{case}: expected an index into entries, or None; got {got}", case=case, got=expect.shown(yours)))
-        if yours != reference_entry(entries, held, prompt):
+        if yours != choose_entry(entries, held, prompt):
             kind = tr("None (keep what the slot holds)") if yours is None else tr("entry {i}", i=yours)
             raise Wrong(tr("{case}: yours brings back {kind}, not the entry the prompt cache would", case=case, kind=kind))
 
