@@ -578,3 +578,33 @@ def test_a_sampler_a_stop_matcher_a_drafter_and_a_cache_rule_of_your_own_are_use
         "test_engine.test_a_sampler_a_stop_matcher_a_drafter_and_a_cache_rule_of_your_own_are_used_and_named.<locals>.newest",
         "llama-server",
     )  # fmt: skip
+
+
+class Stuck(LlamaServerPolicy):
+    """A policy that stops in ``order`` until the test lets it go (a slow plug-in, made deterministic)."""
+
+    name = "stuck"
+
+    def __init__(self):
+        self.inside, self.go = threading.Event(), threading.Event()
+
+    def order(self, waiting, slots):
+        self.inside.set()
+        self.go.wait(60)
+        return list(waiting)
+
+
+def test_a_policy_that_takes_its_time_delays_no_submit(model):
+    # The policy decides on a snapshot, outside the lock the server's event loop takes to submit: while it is stuck
+    # in order(), a request is still accepted (a deadlock guard of 30 s, not a timer: it returns at once or never).
+    policy = Stuck()
+    with Engine(model, EngineConfig(n_parallel=1, n_ctx=512, n_threads=1, policy=policy)) as engine:
+        first = engine.complete("One", max_tokens=2, temperature=0)
+        assert policy.inside.wait(30)  # the engine's thread is in the policy now
+        submitted = []
+        thread = threading.Thread(target=lambda: submitted.append(engine.complete("Two", max_tokens=2, temperature=0)))
+        thread.start()
+        thread.join(30)
+        assert submitted and not thread.is_alive()  # accepted while the policy was stuck
+        policy.go.set()
+        assert first.result() is not None and submitted[0].result() is not None
