@@ -66,7 +66,10 @@ WRONG = {
         [],
     ),
     (6, 3): (
-        lambda sol: [({**sol[0], "parameters": {**sol[0]["parameters"], "required": ["city"]}}, sol[1]), (sol[0], '"celsius" | "fahrenheit"')],
+        lambda sol: [
+            ({**sol[0], "parameters": {**sol[0]["parameters"], "required": ["city"]}}, sol[1]),
+            (sol[0], '"celsius" | "fahrenheit"'),
+        ],
         [],
     ),
     (6, 4): (lambda sol: [2], []),

@@ -57,8 +57,13 @@ def q1(accepted_share) -> str:
     measured = LAB.memo("ch9-size-n", drafted_by_size)
     share = {n: (a / d if d else 0.0) for n, (d, a) in measured.items()}
     for n in (12, 2):  # greedy, one slot, the chapter's prompt: the same drafts every run, up to the machine's arithmetic
-        expect.near(f"accepted_share[{n}]", expect.number(f"accepted_share[{n}]", answer[n]), share[n], 0.05,
-                    tr("the same prompt and engine as the chapter's, greedy: only a rare near tie can move it"))
+        expect.near(
+            f"accepted_share[{n}]",
+            expect.number(f"accepted_share[{n}]", answer[n]),
+            share[n],
+            0.05,
+            tr("the same prompt and engine as the chapter's, greedy: only a rare near tie can move it"),
+        )
     return tr("on the COPY prompt just now: size_n 12 drafted {d12} tokens ({s12:.0%} accepted), size_n 2 drafted {d2} ({s2:.0%})",
               d12=measured[12][0], s12=share[12], d2=measured[2][0], s2=share[2])  # fmt: skip
 
