@@ -60,12 +60,18 @@ WRONG = {
     (5, 3): (lambda sol: [(3 * sol[0], sol[1])], []),  # every head counted, not the KV heads
     (5, 4): (lambda sol: [wrong.prompt_cache_without_the_quarter], []),
     (5, 5): (lambda sol: [wrong.cells_with_the_last_token, wrong.cells_shared_per_request], []),
-    (6, 1): (lambda sol: ['root ::= [0-9] [0-9] [0-9] [0-9] "-" [0-9] [0-9] "-" [0-9] [0-9]'], []),
+    (6, 1): (lambda sol: [('root ::= [0-9] [0-9] [0-9] [0-9] "-" [0-9] [0-9] "-" [0-9] [0-9]', sol[1]), (sol[0], "length")], []),
     (6, 2): (
         lambda sol: [(sol[0], False), ({**sol[0], "properties": {**sol[0]["properties"], "confidence": {"type": "number"}}}, True)],
         [],
     ),
-    (6, 3): (lambda sol: [({**sol[0], "parameters": {**sol[0]["parameters"], "required": ["city"]}}, True)], []),
+    (6, 3): (
+        lambda sol: [
+            ({**sol[0], "parameters": {**sol[0]["parameters"], "required": ["city"]}}, sol[1]),
+            (sol[0], '"celsius" | "fahrenheit"'),
+        ],
+        [],
+    ),
     (6, 4): (lambda sol: [2], []),
     (6, 5): (lambda sol: [False], []),
     (7, 1): (lambda sol: [(False, sol[1]), (True, {**sol[1], "llmkit --cache-ram 0": 0.9, "llama-server --cache-ram 0": 0.9})], []),
@@ -76,7 +82,7 @@ WRONG = {
     (8, 1): (lambda sol: [4.0], []),
     (8, 2): (lambda sol: [wrong.blocking_batch_route, wrong.threaded_batch_route_with_a_typo], []),
     (8, 3): (lambda sol: [wrong.ReleasesAtOnce], []),
-    (9, 1): (lambda sol: [False], []),
+    (9, 1): (lambda sol: [{12: sol[0][2], 2: sol[0][12]}, {12: 0.5, 2: 0.5}, True], []),
     (9, 2): (lambda sol: [(5, True), (4, False)], []),
     (9, 3): (lambda sol: [lambda draft, sampled, is_eog: sampled[: len(draft) + 1]], []),
     (9, 4): (lambda sol: [wrong.LookupInEverything], []),

@@ -53,7 +53,7 @@ def sse_parse(response: httpx.Response) -> list[dict]:
 
 def readers_intact() -> dict[str, bool]:
     """The French stream, recorded from the slot server now, with ``: ping`` between its events: which reader still
-    gets every chunk, as the exercise reads them (events_of whole, naive_parse in one read, sse_parse in 7-byte reads)."""
+    gives exactly its chunks, as the exercise reads them (events_of and json.loads, naive_parse in one read, sse_parse in 7-byte reads)."""
     raw = httpx.post(f"{servers.slots().url}/v1/chat/completions", json=chat_body("French"), timeout=120).content
     pinged = raw.replace(b"\n\n", b"\n\n: ping\n\n")
     clean = [json.loads(e) for e in events_of(raw)[:-1]]
@@ -71,7 +71,7 @@ def q1(intact) -> str:
     measured = LAB.memo("ch3-readers", readers_intact)
     for reader in READERS:
         expect.same(f"intact[{reader!r}]", expect.truth(f"intact[{reader!r}]", intact[reader]), measured[reader])
-    return tr("a stream recorded just now, with pings: {kept} got every chunk", kept=", ".join(r for r in READERS if measured[r]))
+    return tr("a stream recorded just now, with pings: {kept} gave exactly its chunks", kept=", ".join(r for r in READERS if measured[r]))
 
 
 # --- exercise 2: does llama-server stop when the client leaves? -----------------------------------------------------

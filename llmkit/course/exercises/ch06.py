@@ -61,11 +61,13 @@ def ask_with(url: str, grammar: str, question: str, seed: int) -> dict:
     return answer.json()["choices"][0]
 
 
-@CHAPTER.exercise(1, answers=("ISO_DATE",), compares=(HIDDEN, SERVER, LLAMA), writes="a GBNF grammar (a string)")
-def q1(ISO_DATE) -> str:
+@CHAPTER.exercise(1, answers=("ISO_DATE", "finish_reason_predicted"), compares=(HIDDEN, SERVER, LLAMA),
+                  writes="a GBNF grammar (a string) and a prediction (a finish_reason)")  # fmt: skip
+def q1(ISO_DATE, finish_reason_predicted) -> str:
     from llmkit.grammar import Gbnf, GrammarError, compile
 
     text = expect.text("ISO_DATE", ISO_DATE)
+    predicted = expect.text("finish_reason_predicted", finish_reason_predicted)
     try:
         grammar = compile(Gbnf(text), LAB.model())
     except GrammarError as exc:
@@ -83,6 +85,7 @@ def q1(ISO_DATE) -> str:
         if not DATE.fullmatch(choice["message"]["content"]) or choice["finish_reason"] != "stop":
             raise Wrong(tr("{server}, asked {question!r} with your grammar, answered {answer!r} ({reason})", server=server,
                            question=question, answer=choice["message"]["content"], reason=choice["finish_reason"]))  # fmt: skip
+        expect.same("finish_reason_predicted", predicted, choice["finish_reason"], ordered=False)
     return tr("{valid} dates accepted, {invalid} look-alikes refused, and {n} answers of both servers at temperature 0.8, every "
               "one a date that ended the answer", valid=len(valid), invalid=len(INVALID_DATES), n=len(asked))  # fmt: skip
 
@@ -150,16 +153,16 @@ def forced_calls(tool: dict) -> list[dict]:
     return parallel(ask, [(servers.slots().url, seed) for seed in range(4)])
 
 
-@CHAPTER.exercise(3, answers=("WEATHER_UNIT", "every_call_valid"), compares=(ENGINE, LIVE),
-                  writes="a tool definition (a dict) and a prediction (True or False)")  # fmt: skip
-def q3(WEATHER_UNIT, every_call_valid) -> str:
+@CHAPTER.exercise(3, answers=("WEATHER_UNIT", "unit_rule"), compares=(ENGINE, LIVE),
+                  writes="a tool definition (a dict) and the grammar rule its unit becomes (a string)")  # fmt: skip
+def q3(WEATHER_UNIT, unit_rule) -> str:
     import jsonschema
 
     from llmkit.server.tools import Tool, ToolCalling
 
     tool: dict[str, Any] = expect.mapping("WEATHER_UNIT", WEATHER_UNIT)
     expect.mapping("WEATHER_UNIT['parameters']", tool.get("parameters"))
-    expect.truth("every_call_valid", every_call_valid)
+    rule_text = expect.text("unit_rule", unit_rule)
     parameters = tool["parameters"]
     if set(parameters.get("required", [])) != {"city", "unit"}:
         raise Wrong(tr("WEATHER_UNIT should require city and unit, not {got}", got=parameters.get("required")))
@@ -170,11 +173,13 @@ def q3(WEATHER_UNIT, every_call_valid) -> str:
         raise Wrong(tr("WEATHER_UNIT's unit should be one of two strings, celsius or fahrenheit: {got}", got=json.dumps(unit)))
     gbnf, _ = ToolCalling([Tool(**tool)], mode="required").grammar() or ("", None)
     rule = next((line for line in gbnf.splitlines() if line.startswith("get-weather-arguments-unit ::=")), "")
+    if " ".join(rule_text.split()) not in (" ".join(rule.split()), " ".join(rule.split("::=", 1)[-1].split())):
+        raise Wrong(tr("unit_rule is not the rule ToolCalling(...).grammar() writes for your unit: print the grammar and copy it"))
     calls = forced_calls(tool)
     validator = jsonschema.Draft202012Validator(parameters)
     arguments = [json.loads(c["message"]["tool_calls"][0]["function"]["arguments"]) for c in calls if c["message"].get("tool_calls")]
-    valid = len(arguments) == len(calls) and all(validator.is_valid(a) for a in arguments)
-    expect.same("every_call_valid", every_call_valid, valid)
+    if len(arguments) < len(calls) or not all(validator.is_valid(a) for a in arguments):
+        raise Wrong(tr("of four calls forced with your tool, {n} had valid arguments", n=sum(validator.is_valid(a) for a in arguments)))
     return tr("the unit's rule is {rule!r}; of four calls at temperature 0.8 for a question the notebook never asked, {n} valid",
               rule=rule.split("::=", 1)[-1].strip(), n=sum(validator.is_valid(a) for a in arguments))  # fmt: skip
 

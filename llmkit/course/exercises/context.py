@@ -49,7 +49,7 @@ COMMON: dict[str, Callable[[], Any]] = {
 
 def chapter_names(chapter: int) -> dict[str, Callable[[], Any]]:
     """Chapter ``chapter``'s earlier names: name -> what gives it (called only for the names an answer uses)."""
-    from llmkit.course.exercises import ch04, ch05, ch06, ch08  # the chapters' own data (in the grader: never in a cage)
+    from llmkit.course.exercises import ch04, ch05, ch06, ch08, ch09  # the chapters' own data (in the grader: never in a cage)
 
     if chapter == 10:
         return {"model": lambda: MODEL}
@@ -62,7 +62,8 @@ def chapter_names(chapter: int) -> dict[str, Callable[[], Any]]:
             "EDITS": lambda: {"shortened": ch05.chat_history("My name is Ana.")},
         }  # fmt: skip
     questions = {4: ch04.QUESTIONS, 8: ch08.QUESTIONS}.get(chapter, ch04.QUESTIONS)
-    return {**COMMON, "QUESTIONS": lambda: list(questions), "SCHEMA": lambda: ch06.SCHEMA, "WEATHER": lambda: ch06.WEATHER}
+    speculation = {"model": lambda: MODEL, "COPY": lambda: ch09.copy_of("text.py")} if chapter == 9 else {}  # 9.1 measures COPY
+    return {**COMMON, "QUESTIONS": lambda: list(questions), "SCHEMA": lambda: ch06.SCHEMA, "WEATHER": lambda: ch06.WEATHER, **speculation}
 
 
 def made(value: Any) -> Any:
