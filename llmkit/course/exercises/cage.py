@@ -28,6 +28,7 @@ import resource
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -53,8 +54,14 @@ def kind() -> str:
     return BUBBLEWRAP if bwrap_works() else FALLBACK
 
 
+KIT_ROOT = Path(__file__).resolve().parents[3]  # the checkout llmkit runs from (a clone may live under /tmp)
+
+
 def bwrap_argv(scratch: Path, hidden_dirs: Sequence[Path], hidden_files: Sequence[Path]) -> list[str]:
     argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+    for kept in {KIT_ROOT, Path(sys.prefix).resolve()}:  # the kit and its venv stay readable where a fresh /tmp would hide them
+        if any(Path(fresh) in kept.parents for fresh in ("/tmp", "/dev/shm")):
+            argv += ["--ro-bind", str(kept), str(kept)]
     for folder in hidden_dirs:
         if folder.is_dir():
             argv += ["--tmpfs", str(folder)]
