@@ -57,10 +57,17 @@ def kind() -> str:
 KIT_ROOT = Path(__file__).resolve().parents[3]  # the checkout llmkit runs from (a clone may live under /tmp)
 
 
+def upstream_dir() -> Path:
+    """Where the built llama-server lives (a check may start it in the cage)."""
+    from llmkit.course.upstream.source import data_dir
+
+    return data_dir().resolve()
+
+
 def bwrap_argv(scratch: Path, hidden_dirs: Sequence[Path], hidden_files: Sequence[Path]) -> list[str]:
     argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
-    for kept in {KIT_ROOT, Path(sys.prefix).resolve()}:  # the kit and its venv stay readable where a fresh /tmp would hide them
-        if any(Path(fresh) in kept.parents for fresh in ("/tmp", "/dev/shm")):
+    for kept in {KIT_ROOT, Path(sys.prefix).resolve(), upstream_dir()}:  # readable where the fresh /tmp would hide them
+        if kept.exists() and any(Path(fresh) in kept.parents for fresh in ("/tmp", "/dev/shm")):
             argv += ["--ro-bind", str(kept), str(kept)]
     for folder in hidden_dirs:
         if folder.is_dir():
