@@ -91,7 +91,7 @@ MAP: tuple[Counterpart, ...] = (
                 in_upstream="std::list<server_prompt_cache_state> states", in_llmkit="self.entries: list[CachedPrompt]"),
     Counterpart("llmkit.engine.prompt_cache.PromptCache.load", "server_prompt_cache::load", TASK,
                 "the same choice (f_keep >= 0.25, better f_keep and f_sim); a failed restore clears the sequence",
-                in_upstream="f_keep_cur < 0.25f", in_llmkit="keep >= MIN_KEEP"),
+                in_upstream="f_keep_cur < 0.25f", in_llmkit="self.choose("),
     Counterpart("llmkit.engine.prompt_cache.PromptCache.save", "server_prompt_cache::alloc", TASK,
                 "the same rules (skip if held, drop entries it contains, evict oldest to fit); copies the state itself",
                 in_upstream="state_size_new > limit_size", in_llmkit="len(state) > self.limit_bytes"),
@@ -126,7 +126,7 @@ MAP: tuple[Counterpart, ...] = (
                 in_upstream="slot.task = std::make_unique<const server_task>", in_llmkit="slot.job = job"),
     Counterpart("llmkit.engine.job.Job.start", "server_context_impl::launch_slot_with_task", CONTEXT,
                 "the task's sampler, detokenizer and stop strings, in the request's run",
-                in_upstream="common_sampler_init(model_tgt, task.params.sampling)", in_llmkit="Sampler(model, params.sampling)"),
+                in_upstream="common_sampler_init(model_tgt, task.params.sampling)", in_llmkit="sampler(model, params.sampling)"),
     Counterpart("llmkit.engine.slot.Slot.reuse", "server_context_impl::pre_decode", CONTEXT,
                 "its n_past logic when a request starts: the common prefix, chunks moved (--cache-reuse), the rest dropped; "
                 "at least one token left to evaluate",
