@@ -24,12 +24,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import httpx
 from tqdm import tqdm
 
 from llmkit import models
@@ -143,7 +141,7 @@ def trace_runs(cfg: Config, clients: dict[str, OpenAIServer]) -> list[TraceRun]:
         trace = make_trace(seed=r, tenants=TRACE_TENANTS, conversations=cfg.shared_trace, turns=TRACE_TURNS, rate=0.5, think=1.0)
         for name in in_turn(list(clients), r):
             s = summarize(replay(trace.fresh(f"{name} {r}"), clients[name].url, max_tokens=ANSWER_TOKENS))
-            cells = metric(clients[name].url, "kv_cells_used") if name != "llama-server" else math.nan
+            cells = asyncio.run(cells_held(clients[name]))
             rows.setdefault(name, []).append((s.prompt_tokens - s.cached_tokens, s.ttft_p50 * 1e3, s.ttft_p99 * 1e3, s.tokens_per_s, cells))
     return [trace_median(name, runs) for name, runs in rows.items()]
 
@@ -153,10 +151,11 @@ def trace_median(name: str, rounds: list[tuple[float, ...]]) -> TraceRun:
     return TraceRun(name, int(tokens), p50, p99, rate, None if math.isnan(cells) else int(cells))
 
 
-def metric(url: str, name: str) -> float:
-    """One value of a server's ``/metrics`` (``llamacpp:<name>``)."""
-    found = re.search(rf"^llamacpp:{name} (\S+)", httpx.get(f"{url}/metrics", timeout=60).text, re.MULTILINE)
-    return float(found.group(1)) if found else math.nan
+async def cells_held(server: OpenAIServer) -> float:
+    """The KV cells its slots hold now (``llamacpp:kv_cells_used``, llmkit's own; nan: a server that does not tell)."""
+    async with http_client(1) as http:
+        scraped = await server.scrape(http) or {}
+    return scraped.get("llamacpp:kv_cells_used", math.nan)
 
 
 def median_of(name: str, clients: int, rounds: list[tuple[int, int, float, float]]) -> SharedPrefix:
