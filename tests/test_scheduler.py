@@ -232,8 +232,8 @@ def test_a_policy_is_loaded_by_name_or_as_module_colon_class(tmp_path, monkeypat
 
     (tmp_path / "mine.py").write_text("from llmkit.engine import LlamaServerPolicy\nclass Mine(LlamaServerPolicy):\n    name = 'mine'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert isinstance(plugins.load("lpm", POLICIES, "scheduling policy"), LongestPrefixMatch)
-    assert plugins.load("mine:Mine", POLICIES, "scheduling policy").name == "mine"
+    assert isinstance(plugins.find("lpm", POLICIES, "scheduling policy")(), LongestPrefixMatch)
+    assert plugins.find("mine:Mine", POLICIES, "scheduling policy")().name == "mine"
     for wrong, said in (("nope", "one of llama-server"), ("mine:Other", "cannot be loaded"), ("absent:X", "cannot be loaded")):
         with pytest.raises(ValueError, match=said):
-            plugins.load(wrong, POLICIES, "scheduling policy")
+            plugins.find(wrong, POLICIES, "scheduling policy")

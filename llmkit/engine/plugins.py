@@ -22,8 +22,3 @@ def find(spec: str, builtins: Mapping[str, Any], kind: str) -> Any:
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"{kind} {spec!r} cannot be loaded: {exc}") from exc
-
-
-def load(spec: str, builtins: Mapping[str, Any], kind: str) -> Any:
-    """``find``, then made with no arguments (a policy, a drafter: an object of the class named)."""
-    return find(spec, builtins, kind)()

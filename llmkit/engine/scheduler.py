@@ -332,8 +332,7 @@ class Scheduler:
         prompt cache first, as when a slot is reused."""
         if (found := prefix_donor(self.slots, slot, tokens)) is None:
             return
-        if slot.cache_tokens:
-            self.cache_prompt(slot)
+        self.cache_prompt(slot)  # (an empty slot's: nothing to keep, PromptCache.save declines)
         donor, n = found
         slot.share_from(self.memory, donor, n)
         self.counters.record_share(n)

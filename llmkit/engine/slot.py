@@ -30,7 +30,7 @@ _CELL_IDS = itertools.count()  # one id per KV cell ever written: slots that hol
 
 
 def new_cells(n: int) -> list[int]:
-    return [next(_CELL_IDS) for _ in range(n)]
+    return list(itertools.islice(_CELL_IDS, n))
 
 
 class Slot:
