@@ -608,3 +608,53 @@ def test_a_policy_that_takes_its_time_delays_no_submit(model):
         assert submitted and not thread.is_alive()  # accepted while the policy was stuck
         policy.go.set()
         assert first.result() is not None and submitted[0].result() is not None
+
+
+class Breaks:
+    """A drafter that raises in each method, or drafts what no model can decode: its drafts are lost, nothing else."""
+
+    n_max = 3
+
+    def __init__(self, how: str):
+        self.how = how
+
+    def begin(self, seq, prompt):
+        if self.how == "raises":
+            raise RuntimeError("a bug in begin")
+
+    def draft(self, seq, tokens, last, n_max):
+        if self.how == "raises":
+            raise RuntimeError("a bug in draft")
+        return [10**9, -1][:n_max] if self.how == "nonsense" else [last] * (n_max + 5)  # out of the vocabulary; too long
+
+    def accept(self, seq, n_drafted, n_accepted):
+        raise RuntimeError("a bug in accept")
+
+
+class BoomStops(StopMatcher):
+    """A stop matcher that breaks on one request's stop string only."""
+
+    def push(self, text):
+        if "boom" in self.stops:
+            raise RuntimeError("a bug in push")
+        return super().push(text)
+
+
+@pytest.mark.parametrize("how", ["raises", "nonsense", "too long"])
+def test_a_drafter_that_breaks_loses_its_drafts_and_no_request(model, how, caplog):
+    config = EngineConfig(n_parallel=2, n_ctx=1024, n_threads=1, drafter=Breaks(how))
+    with Engine(model, config) as engine, caplog.at_level("WARNING", logger="llmkit.engine"):
+        requests = [engine.complete(f"Count to {k}:", max_tokens=6, temperature=0, ignore_eos=True) for k in range(3)]
+        outcomes = [r.result() is not None and r.outcome for r in requests]
+    assert all(o and o.end is End.LIMIT and o.n_output == 6 and o.timings.draft_n == 0 for o in outcomes), outcomes
+    said = [r.message for r in caplog.records if "drafter Breaks" in r.message]
+    assert said and len(said) == len(set(said)) <= 2, said  # each kind once
+
+
+def test_a_stop_matcher_that_raises_ends_its_own_request_only(model):
+    with Engine(model, EngineConfig(n_parallel=2, n_ctx=1024, n_threads=1, stop_matcher=BoomStops)) as engine:
+        broken = engine.complete("Count to ten:", max_tokens=6, temperature=0, stop=["boom"])
+        fine = engine.complete("Count to five:", max_tokens=6, temperature=0, ignore_eos=True)
+        with pytest.raises(EngineError, match="sampling failed: a bug in push"):
+            broken.result()
+        assert fine.result() is not None and fine.outcome is not None and fine.outcome.end is End.LIMIT

@@ -46,7 +46,7 @@ from llmkit.engine.prompt_cache import PromptCache
 from llmkit.engine.request import ContextSizeError, End, EngineError, KVState, Request, RequestParams, TokenLogprob
 from llmkit.engine.scheduler import Chunk, Scheduler, Started
 from llmkit.engine.slot import Slot
-from llmkit.engine.speculative import SpecType, longest_draft, make_drafter
+from llmkit.engine.speculative import Checked, SpecType, longest_draft, make_drafter
 from llmkit.engine.status import EngineStatus
 from llmkit.engine.steps import Counters, Share, StepRecord
 from llmkit.llama import Batch, Context, DecodeError, KVCacheFullError, Model
@@ -82,7 +82,8 @@ class Engine:
         if config.speculates and not self.ctx.can_shift:
             log.warning("speculative decoding is off: this model's memory cannot drop a rejected draft")
             self.config = replace(self.config, speculative=replace(config.speculative, type=SpecType.NONE), drafter=None)
-        self.drafter = self.config.drafter or make_drafter(self.config.speculative)  # None: no speculation
+        own = self.config.drafter  # yours, checked; else --spec-type's (None: no speculation)
+        self.drafter = Checked(own, self.model.n_vocab) if own is not None else make_drafter(self.config.speculative)
         self.counters = Counters()
         start_job = partial(Job.start, self.model, sampler=config.sampler, stop_matcher=config.stop_matcher)
         self.scheduler = Scheduler(self.config, self.ctx, start_job, self.counters)
@@ -297,16 +298,17 @@ class Engine:
                 sampled.append((token, TokenLogprob(token, *self.ctx.logprobs(row, token, n_probs)) if n_probs else None))
                 if k == len(draft) or token != draft[k] or self.model.is_eog(token):
                     break
-        except Exception as exc:  # noqa: BLE001 -- a sampler that fails ends its own request, not the engine
-            self.fail(slot, job, EngineError(f"sampling failed: {exc}"))
+            n_accepted = len(sampled) - 1
+            if draft:
+                self.accept_draft(slot, job, chunk, n_accepted)
+            for token, logprobs in sampled:
+                self.process_token(slot, job, token, logprobs)
+                if job.request.done:
+                    break
+        except Exception as exc:  # noqa: BLE001 -- a sampler or stop matcher that fails (yours, say) ends its own request only
+            if not job.request.done:
+                self.fail(slot, job, EngineError(f"sampling failed: {exc}"))
             return 0
-        n_accepted = len(sampled) - 1
-        if draft:
-            self.accept_draft(slot, job, chunk, n_accepted)
-        for token, logprobs in sampled:
-            self.process_token(slot, job, token, logprobs)
-            if job.request.done:
-                break
         return n_accepted
 
     def accept_draft(self, slot: Slot, job: Job, chunk: Chunk, n_accepted: int) -> None:

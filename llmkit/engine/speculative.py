@@ -23,6 +23,7 @@ of one, so where two tokens are nearly tied, a greedy answer can change (chapter
 from __future__ import annotations
 
 import enum
+import logging
 from array import array
 from dataclasses import dataclass
 from typing import Protocol
@@ -99,6 +100,45 @@ class Drafter(Protocol):
 
     def accept(self, seq: int, n_drafted: int, n_accepted: int) -> None:
         """How the last draft fared (``accept``)."""
+
+
+class Checked:
+    """A drafter of your own (``EngineConfig.drafter``), checked: a method that raises, or a draft the model cannot
+    decode (more than asked for, or not token ids of its vocabulary), costs that draft alone, said once per kind in the
+    log, never a request or the step of the others."""
+
+    def __init__(self, inner: Drafter, n_vocab: int):
+        self.inner, self.n_vocab, self.faults = inner, n_vocab, set[str]()
+        if hasattr(inner, "n_max"):
+            self.n_max = inner.n_max
+
+    def fault(self, kind: str, detail: str) -> None:
+        if kind not in self.faults:
+            self.faults.add(kind)
+            logging.getLogger("llmkit.engine").warning("drafter %s %s (%s); no draft instead", type(self.inner).__name__, kind, detail)
+
+    def begin(self, seq: int, prompt: list[int]) -> None:
+        try:
+            self.inner.begin(seq, prompt)
+        except Exception as exc:  # noqa: BLE001 -- a plug-in's bug costs its own drafts
+            self.fault("raised in begin", repr(exc))
+
+    def draft(self, seq: int, tokens: list[int], last: int, n_max: int) -> list[int]:
+        try:
+            drafted = list(self.inner.draft(seq, tokens, last, n_max))
+        except Exception as exc:  # noqa: BLE001 -- as in begin
+            self.fault("raised in draft", repr(exc))
+            return []
+        if len(drafted) > n_max or not all(type(t) is int and 0 <= t < self.n_vocab for t in drafted):
+            self.fault("drafted what cannot be decoded", repr(drafted[:8]))
+            return []
+        return drafted
+
+    def accept(self, seq: int, n_drafted: int, n_accepted: int) -> None:
+        try:
+            self.inner.accept(seq, n_drafted, n_accepted)
+        except Exception as exc:  # noqa: BLE001 -- as in begin
+            self.fault("raised in accept", repr(exc))
 
 
 def longest_draft(drafter: Drafter | None, params: SpecParams) -> int:
