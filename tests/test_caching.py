@@ -253,6 +253,26 @@ def test_a_request_that_takes_shared_cells_writes_what_it_writes_on_the_slot_tha
     assert answers[True] == answers[False] and answers[True][1] > 200
 
 
+def test_a_prefix_no_slot_holds_stays_resident_and_writes_what_its_copy_restored_from_ram_writes(model):
+    # One slot. A request on the shared prefix, then one on another text: with kv_share the first's cells stay in a
+    # resident sequence (kv_resident) when the slot is reused; without, llama-server's way, its prompt goes to the RAM
+    # prompt cache and comes back. A third request on the prefix takes the cells either way: the same text.
+    first, third = (model.tokenize(f"{SHARED} Question: {q} Answer:") for q in QUESTIONS[:2])
+    other = model.tokenize(" ".join(reversed(LINES)) * 3)
+    answers = {}
+    for share in (True, False):
+        config = EngineConfig(n_parallel=1, n_ctx=2048, n_threads=1, kv_unified=True, kv_share=share, cache_ram_mib=0 if share else 64)
+        with Engine(model, config) as engine:
+            for prompt in (first, other):
+                engine.submit(prompt, RequestParams.of(max_tokens=4, temperature=0)).result()
+            then = engine.submit(third, RequestParams.of(max_tokens=24, temperature=0))
+            answers[share] = then.result(), then.outcome.timings.cache_n
+            assert (engine.counters.prompt_tokens_shared_total == then.outcome.timings.cache_n) is share
+            status = engine.status()  # and the other text's cells stay beside them, in the KV cache (kv_share) or in RAM
+            assert (status.cells.used > status.slots[0].n_cached + 200) is share
+    assert answers[True] == answers[False] and answers[True][1] > 200
+
+
 def answered(request) -> bool:
     try:
         request.result()
@@ -308,4 +328,4 @@ def test_under_pressure_no_request_fails_for_cells_an_idle_prefix_held(model, ca
             thread.join()
         failed = engine.status().counters.requests_failed_total
     assert failed == 0 and all(ok for leaves, ok in outcomes if not leaves), outcomes
-    assert any("purging slot" in r.message for r in caplog.records)  # the cache filled, and idle cells made room
+    assert any("purging" in r.message for r in caplog.records)  # the cache filled, and idle cells made room

@@ -53,7 +53,7 @@ def test_the_engines_events_follow_its_slots_and_prompt_cache_at_every_step(mode
                 late.append(engine.chat(chat(system, "Loans?")["messages"], max_tokens=8, temperature=0, priority=0))
             while (batch := events.next_batch(timeout=0)) is not None:
                 view.read(encode(batch.ts, batch.events))
-            takeable = [s.cache_tokens for s in engine.slots if s.is_idle or share]
+            takeable = [s.cache_tokens for s in engine.scheduler.holders if s.is_idle or share]  # resident prefixes too
             assert view.prefixes(None) == block_prefixes(BLOCK, takeable)
             assert engine.prompt_cache is not None
             assert view.prefixes("CPU") == block_prefixes(BLOCK, [e.tokens for e in engine.prompt_cache.entries])

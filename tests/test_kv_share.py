@@ -16,25 +16,37 @@ import random
 
 import pytest
 
-from llmkit.engine.scheduler import prefix_donor, waits_for_cells
+from llmkit.course.sim.replica import start_job
+from llmkit.engine.config import EngineConfig
+from llmkit.engine.kv_events import DEVICE, KVEventTracker, Mirror, block_names
+from llmkit.engine.policy import POLICIES
+from llmkit.engine.request import End, Request, RequestParams, Status
+from llmkit.engine.scheduler import Scheduler
+from llmkit.engine.sharing import prefix_donor, waits_for_cells
 from llmkit.engine.slot import Slot
 from llmkit.engine.status import Cells
+from llmkit.engine.steps import Counters
+from llmkit.llama import KVCacheFullError
 
 
 class UnifiedKV:
-    """A unified KV cache's cells: id -> [pos, token, seqs] (what ``Slot`` asks of ``llama.Context``, and ``write``)."""
+    """A unified KV cache's cells: id -> [pos, token, seqs] (what ``Slot`` asks of ``llama.Context``, and ``write``);
+    ``limit``: how many cells it has (a decode that needs more raises ``KVCacheFullError``, as llama.cpp's)."""
 
     can_shift = True
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = 1 << 30) -> None:
         self.cells: dict[int, list] = {}
         self.next_id = 0
+        self.n_ctx = self.n_ctx_seq = self.limit = limit
 
     def held(self, seq: int) -> list[list]:
         return sorted((c for c in self.cells.values() if seq in c[2]), key=lambda c: c[0])
 
     def write(self, seq: int, pos: int, tokens: list[int]) -> None:
         """What a decode does: new cells for ``tokens`` at ``pos``, ``pos + 1``, ... of ``seq``."""
+        if len(self.cells) + len(tokens) > self.limit:
+            raise KVCacheFullError(f"{len(tokens)} cells wanted, {self.limit - len(self.cells)} free")
         for k, token in enumerate(tokens):
             self.cells[self.next_id] = [pos + k, token, {seq}]
             self.next_id += 1
@@ -153,3 +165,130 @@ def test_a_request_waits_for_the_prefix_a_slot_is_reading_not_for_one_held_alrea
     assert not waits_for_cells(slots, [*SYSTEM, 3], min_shared=32)
     slots[0].job = Reading([*SYSTEM, 1, 2], 42)  # type: ignore[assignment]  # read: nothing to wait for
     assert not waits_for_cells(slots, [*SYSTEM, 3], min_shared=32)
+
+
+# --- the scheduler's own decisions on that model: resident prefixes (kv_resident), reference counts, eviction ---------
+
+
+class Served:
+    """A ``Scheduler`` with ``kv_share`` over ``UnifiedKV``, stepped as the engine steps it (admit, plan, decode with
+    ``clear_idle_slot`` when the cache is full, commit, sample: each answer is ``n_answer`` tokens 7), and after every
+    step checked against the model: every sequence's cells, each cell's reference count (how many sequences hold it), the
+    cells ``/metrics`` counts, and what the KV events told a reader (``Mirror``) against the blocks the sequences hold."""
+
+    def __init__(self, n_slots: int = 2, n_resident: int = 2, limit: int = 1 << 30, block_size: int = 4, policy: str = "llama-server"):
+        config = EngineConfig(
+            n_parallel=n_slots,
+            n_ctx=4096,
+            kv_unified=True,
+            kv_share=True,
+            kv_resident=n_resident,
+            cache_ram_mib=0,
+            policy=POLICIES[policy](),
+        )
+        self.kv, self.block_size = UnifiedKV(limit), block_size
+        self.scheduler = Scheduler(config.resolved(), self.kv, start_job, Counters())  # type: ignore[arg-type]
+        self.events, self.told = KVEventTracker(block_size, shares=True), Mirror()
+        self.n_answer: dict[int, int] = {}
+        self.n_read = 0  # prompt tokens decoded
+
+    def submit(self, prompt: list[int], n_answer: int = 2) -> Request:
+        request = Request(prompt, RequestParams(max_tokens=n_answer))
+        self.n_answer[request.id] = n_answer
+        self.scheduler.add(request)
+        return request
+
+    def step(self) -> None:
+        self.scheduler.admit()
+        plan = self.scheduler.plan(512, {})
+        while True:
+            try:
+                for chunk in plan:
+                    self.kv.write(chunk.slot.id, chunk.pos, chunk.tokens)
+                break
+            except KVCacheFullError:
+                for chunk in plan:
+                    self.kv.seq_rm(chunk.slot.id, chunk.pos, -1)
+                assert self.scheduler.clear_idle_slot(), "the cache is full of cells running requests hold"
+        Scheduler.commit(plan)
+        self.n_read += sum(len(chunk.tokens) for chunk in plan if chunk.is_prompt)
+        for chunk in [c for c in plan if c.i_logits >= 0]:
+            job = chunk.job
+            job.last_token = 7
+            job.output.append(7)
+            if len(job.output) == self.n_answer[job.request.id]:
+                self.scheduler.end(job.request, job.outcome(End.LIMIT, chunk.slot.id, chunk.slot.n_past), chunk.slot)
+        self.told.apply(self.events.update(self.scheduler.holders, None))
+        self.check()
+
+    def run(self, *requests: Request) -> None:
+        while not all(r.done for r in requests):
+            self.step()
+        assert all(r.error is None for r in requests)
+
+    def check(self) -> None:
+        holders = self.scheduler.holders
+        check(self.kv, holders)
+        physical: dict[int, set[int]] = {}  # the model's cell -> the ids the sequences' bookkeeping gives it
+        for holder in holders:
+            for cell, model_cell in zip(holder.cells, self.kv.held(holder.id), strict=True):
+                physical.setdefault(id(model_cell), set()).add(cell)
+        assert all(len(ids) == 1 for ids in physical.values()), "one cell, one id"
+        counts = Cells.holders(holders)
+        for model_cell in self.kv.cells.values():
+            (cell,) = physical[id(model_cell)]
+            assert counts[cell] == len(model_cell[2]), "a cell's reference count is the sequences that hold it"
+        blocks = {name for h in holders for name in block_names(h.cache_tokens, self.block_size, 0, None)}
+        assert set(self.told.tiers.get(DEVICE, {})) == blocks, "the KV events told exactly the blocks held"
+
+    def resident(self) -> list[list[int]]:
+        return [r.cache_tokens for r in self.scheduler.resident if r.cache_tokens]
+
+
+T1, T2, T3 = (list(range(k, k + 40)) for k in (100, 200, 300))  # three tenants' 40-token system prompts
+
+
+def test_a_prefix_no_slot_holds_stays_resident_is_shared_again_and_is_evicted_first_when_the_cache_needs_room():
+    served = Served(n_slots=1, n_resident=2, limit=200)
+    served.run(served.submit([*T1, 1]))  # T1 read: the slot keeps it
+    served.run(served.submit([*T2, 2]))  # the slot is reused: T1 stays in a resident sequence, not in the slot
+    assert served.resident() == [[*T1, 1, 7]]
+    before = served.n_read
+    served.run(served.submit([*T1, 3, 4]))  # T1 again: its 40 cells are taken from the resident, 2 tokens read
+    assert served.n_read - before == 2
+    assert served.scheduler.counters.prompt_tokens_shared_total >= 40
+    served.run(served.submit([*T3, 5]))  # T1's second prompt stays too, in the place of T2's, the least recently used
+    assert sorted(served.resident()) == [[*T1, 1, 7], [*T1, 3, 4, 7]]  # their common 40 cells held once (check())
+    served.run(served.submit([*T1, 3, 4, 7, 8, 9]))  # T3's stays, in the place of the least recently used, [*T1, 1, 7]
+    served.run(served.submit([*T2, 5]))  # a prompt that grew a resident one replaces it (a leaf of the radix tree grew)
+    assert sorted(served.resident()) == [[*T1, 3, 4, 7, 8, 9, 7], [*T3, 5, 7]]
+    served.run(served.submit(list(range(1000, 1130))))  # 130 new cells in a cache of 200: the residents make room
+    assert len(served.kv.cells) <= 200 and len(served.resident()) < 2
+
+
+def test_lpm_starts_first_the_request_whose_prefix_a_resident_sequence_holds():
+    served = Served(n_slots=1, n_resident=2, policy="lpm")
+    served.run(served.submit([*T1, 1]))
+    busy = served.submit([*T2, 2], n_answer=3)  # the slot is reused: T1 stays resident
+    served.step()
+    later = [served.submit([*T3, 3]), served.submit([*T1, 4])]  # T3 came first; T1's cells are held
+    served.run(busy)
+    served.step()
+    assert [r.status for r in later] == [Status.WAITING, Status.RUNNING]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_requests_at_random_never_fail_for_want_of_cells_a_resident_prefix_held(seed):
+    rng = random.Random(seed)
+    served = Served(n_slots=3, n_resident=4, limit=3 * (40 + 30 + 6) + 20)  # the running requests' cells, and a little room
+    tenants = [list(range(100 * k, 100 * k + 40)) for k in range(1, 6)]
+    requests = []
+    for _ in range(40):
+        if rng.random() < 0.6:
+            tail = [rng.randrange(10) for _ in range(rng.randrange(1, 30))]
+            requests.append(served.submit([*rng.choice(tenants), *tail], n_answer=rng.randrange(1, 6)))
+        if rng.random() < 0.1 and requests:
+            rng.choice(requests).cancel()
+        served.step()
+    served.run(*[r for r in requests if not r.cancelled])
+    assert served.scheduler.counters.prompt_tokens_shared_total > 0

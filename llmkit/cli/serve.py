@@ -196,6 +196,10 @@ def add_kv_cache_flags(slots: argparse.ArgumentParser) -> None:
         "instead of reading them (SGLang's radix cache on llama.cpp's unified cache; default off: llama-server's per-slot cache)",
     )  # fmt: skip
     slots.add_argument(
+        "--kv-resident", type=int, default=16, metavar="N",
+        help="llmkit's own, with --kv-share: up to N prefixes no slot holds stay in the KV cache, until it needs the room (default 16)",
+    )  # fmt: skip
+    slots.add_argument(
         "--pd-peers", nargs="+", default=[], metavar="URL",
         help="llmkit's own: the prefill workers (http://HOST:PORT) this decode worker takes KV cells from in vllm-router's "
         "PD mode; a request naming any other is a 400 (default: none)",
@@ -234,7 +238,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         step_tokens=args.step_tokens, cache_ram_mib=args.cache_ram, cache_idle_slots=args.cache_idle_slots,
         cache_reuse=args.cache_reuse, context_shift=args.context_shift, speculative=speculative,
         policy=args.scheduling_policy, kv_events=args.kv_events is not None, kv_block_size=args.kv_block_size,
-        kv_share=args.kv_share, **{name: given for name in PLUG_INS if name != "policy" and (given := getattr(args, name)) is not None},
+        kv_share=args.kv_share, kv_resident=args.kv_resident,
+        **{name: given for name in PLUG_INS if name != "policy" and (given := getattr(args, name)) is not None},
     )  # fmt: skip
 
 

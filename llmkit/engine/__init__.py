@@ -9,6 +9,8 @@ policy.py        the scheduling Policy (llama-server's, shortest-prompt, fair-sh
 memory.py        KVMemory: what the scheduler asks of the KV cache (llama.Context satisfies it; the simulation too)
 scheduler.py     the Scheduler: queue, slots, prompt cache; admission, preemption, prefix sharing, the step's plan
                  (build_batch ~ pre_decode) and its commit, and the one place a request ends
+sharing.py       kv_share's decisions (llmkit's own): whose cells a prompt takes, who waits for cells being read,
+                 which prefixes stay resident beside the slots and which go first (SGLang's radix cache)
 prompt_cache.py  the host-RAM prompt cache (server_prompt_cache)
 kv_events.py     KV events: what the slots and the prompt cache hold, as vLLM's block events (llmkit's own, off by default)
 plugins.py       a plug-in by name: a built-in one's, or package.module:Name (the CLI's --scheduling-policy, --drafter, ...)

@@ -23,6 +23,7 @@ from llmkit.text import StopMatcher
 # (chapter 4 measures it beside llama-server at -b 2048 and -b 128; make bench's arrivals scenario too).
 DEFAULT_STEP_TOKENS = 128
 AUTO_PARALLEL = 4  # slots of n_parallel=-1 (auto), as llama-server's -np -1
+LLAMA_MAX_SEQ = 256  # sequences a llama.cpp context can have (src/llama-cparams.h)
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,10 @@ class EngineConfig:
     longest prefix that any slot holds, running or idle, with ``seq_cp`` (one set of cells, several sequences: no
     compute, no copy) and reads only the rest; idle slots keep their cells for that until the cache needs the room;
     a request whose prefix another slot is reading now waits for those cells instead of reading them too (SGLang's
-    radix cache and in-batch prefix caching, on llama.cpp's unified KV cache).
+    radix cache and in-batch prefix caching, on llama.cpp's unified KV cache). Before a slot drops cells no other
+    sequence holds, one of ``kv_resident`` more sequences keeps them (no copy: ``seq_cp``), so up to that many
+    prefixes no request uses stay resident beside the slots' own, until the cache needs the room (least recently
+    used first, as SGLang evicts its radix tree's unreferenced leaves).
 
     The plug-ins (llmkit's own), each a seam for your own code, each reported by name in ``/props`` (``PLUG_INS``):
     ``policy``, who goes first, which slot a request gets, which running job makes room for it, whose prompt fills a
@@ -80,10 +84,16 @@ class EngineConfig:
     kv_events: bool = False  # llmkit's --kv-events (the engine's half: the events; the server publishes them)
     kv_block_size: int = DEFAULT_BLOCK_SIZE  # llmkit's --kv-block-size: tokens per block of the KV events
     kv_share: bool = False  # llmkit's --kv-share: prefixes' KV cells shared by the slots (needs kv_unified)
+    kv_resident: int = 16  # llmkit's --kv-resident: with kv_share, sequences that keep prefixes no slot holds
     drafter: Drafter | None = None  # llmkit's --drafter: your own speculation (None: --spec-type's)
     sampler: Callable[[Model, SamplingParams], Sampler] = Sampler  # each request's sampler, from its sampling settings
     stop_matcher: Callable[[tuple[str, ...]], StopMatcher] = StopMatcher  # each request's stop-string matcher
     cache_choice: Choice = choose_entry  # which cached prompt the prompt cache brings back (llama-server's rule)
+
+    @property
+    def n_seq_max(self) -> int:
+        """The KV cache's sequences: one a slot, and with ``kv_share`` the resident prefixes' (llama.cpp's n_seq_max)."""
+        return self.n_parallel + (self.kv_resident if self.kv_share else 0)
 
     @property
     def speculates(self) -> bool:
@@ -112,6 +122,8 @@ class EngineConfig:
         kv_unified = self.n_parallel == -1 if self.kv_unified is None else self.kv_unified
         if self.kv_share and not kv_unified:
             raise ValueError("kv_share needs a unified KV cache (kv_unified, -kvu): separate streams share no cells")
+        if not 0 <= self.kv_resident <= LLAMA_MAX_SEQ - n_parallel:
+            raise ValueError(f"kv_resident must be 0 to {LLAMA_MAX_SEQ - n_parallel}: {LLAMA_MAX_SEQ} sequences, less the slots'")
         return replace(
             self, n_parallel=n_parallel, kv_unified=kv_unified, cache_idle_slots=self.cache_idle_slots and self.cache_ram_mib != 0
         )

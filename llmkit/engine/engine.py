@@ -69,7 +69,7 @@ class Engine:
         self.model = model if isinstance(model, Model) else Model(models.resolve_model(model))
         try:
             self.ctx = Context(
-                self.model, n_ctx=config.n_ctx, n_batch=config.n_batch, n_seq_max=config.n_parallel,
+                self.model, n_ctx=config.n_ctx, n_batch=config.n_batch, n_seq_max=config.n_seq_max,
                 n_threads=config.n_threads, kv_unified=bool(config.kv_unified),
             )  # fmt: skip
         except BaseException:
@@ -167,7 +167,7 @@ class Engine:
             self._fail_busy(EngineError("internal engine error (see the server log)"))
             record = None
         if self.kv_events is not None:
-            self.kv_events.collect(self.slots, self.prompt_cache)
+            self.kv_events.collect(self.scheduler.holders, self.prompt_cache)
         with self._lock:
             self.n_steps += 1
             self._publish()
@@ -409,7 +409,7 @@ class Engine:
     def _snapshot(self) -> EngineStatus:
         """Taken where no step runs: on the engine's thread between two steps, or with no thread (under the lock)."""
         waiting = [*self.scheduler.waiting, *self.arrivals]
-        return EngineStatus.of(self.config, self.slots, waiting, self.counters, self.prompt_cache, self.n_steps)
+        return EngineStatus.of(self.config, self.slots, waiting, self.counters, self.prompt_cache, self.n_steps, self.scheduler.resident)
 
     def _publish(self) -> None:
         """(Engine thread, under the lock.) A reader asked for the status since the last one: take it now."""

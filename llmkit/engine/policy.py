@@ -41,7 +41,8 @@ class Policy(Protocol):
     name: ClassVar[str]
 
     def order(self, waiting: Sequence[Request], slots: Sequence[Slot]) -> list[Request]:
-        """The waiting requests, in the order they are offered a slot."""
+        """The waiting requests, in the order they are offered a slot. ``slots``: the KV cache's sequences, the slots and
+        after them, with ``kv_share``, the resident prefixes (never busy; ``choose_slot`` gets the slots alone)."""
         ...
 
     def choose_slot(self, slots: Sequence[Slot], request: Request, tokens: list[int]) -> Slot | None:
@@ -140,7 +141,7 @@ class PriorityPolicy(LlamaServerPolicy):
 
 class LongestPrefixMatch(LlamaServerPolicy):
     """SGLang's ``lpm``: the waiting request with the most of its prompt already in the KV cache goes first (any slot's
-    cells, busy or idle; ties: arrival), so what the cache holds is used before it is evicted. With ``kv_share`` the
+    cells, busy or idle, or a resident prefix's; ties: arrival), so what the cache holds is used before it is evicted. With ``kv_share`` the
     request takes those cells wherever they are; without, only from the slot it gets. A request with nothing cached
     can wait while cached ones keep coming (SGLang falls back to first come first served for long queues)."""
 

@@ -11,13 +11,14 @@ the scheduler plans, the runner decodes, the scheduler commits).
     scheduler.end(request, result)  every request ends here, from a slot or from the queue
 
 The decisions are pure functions over the queue and the slots, each testable alone: ``admission``, ``swaps_prompt``
-(the prompt cache's update of get_available_slot), ``prefix_donor`` and ``waits_for_cells`` (``kv_share``, llmkit's
-own), ``build_batch``; the policy's own in ``llmkit.engine.policy``.
+(the prompt cache's update of get_available_slot), ``build_batch``; the policy's own in ``llmkit.engine.policy``;
+``kv_share``'s (llmkit's own) in ``llmkit.engine.sharing``.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,9 +27,10 @@ from typing import NamedTuple
 from llmkit.engine.config import EngineConfig
 from llmkit.engine.job import Job
 from llmkit.engine.memory import KVMemory
-from llmkit.engine.policy import SIMILARITY_THRESHOLD, LlamaServerPolicy, Policy, Running, held_prefix
+from llmkit.engine.policy import SIMILARITY_THRESHOLD, LlamaServerPolicy, Policy, Running
 from llmkit.engine.prompt_cache import PromptCache
 from llmkit.engine.request import End, KVState, Outcome, Request, RequestParams
+from llmkit.engine.sharing import frees_cells, prefix_donor, resident_for, to_keep, waits_for_cells
 from llmkit.engine.slot import Slot
 from llmkit.engine.steps import Counters
 from llmkit.engine.tokens import common_prefix
@@ -48,12 +50,13 @@ class Admission(NamedTuple):
 
 
 def admission(
-    waiting: Sequence[Request], slots: Sequence[Slot], policy: Policy, tokens: Callable[[Request], list[int]]
+    waiting: Sequence[Request], slots: Sequence[Slot], policy: Policy, tokens: Callable[[Request], list[int]], resident: Sequence[Slot] = ()
 ) -> Admission | None:
     """The next request to start, in the policy's order: the first that gets an idle slot; else the first that may
     take a busy one (llama-server: process_single_task, get_available_slot; it never preempts). None: all wait.
-    ``tokens(request)``: what the request needs in its slot's KV cache."""
-    ordered = policy.order(waiting, slots)
+    ``tokens(request)``: what the request needs in its slot's KV cache; ``resident``: the prefixes kept beside the
+    slots (kv_share), which the order sees."""
+    ordered = policy.order(waiting, [*slots, *resident])
     for request in ordered:
         if (slot := policy.choose_slot(slots, request, tokens(request))) is not None:
             return Admission(request, slot)
@@ -80,25 +83,6 @@ def swaps_prompt(slot: Slot, tokens: list[int], params: RequestParams) -> bool:
     if lcp / len(tokens) > SIMILARITY_THRESHOLD:  # chosen by similarity (Slot.similarity)
         return lcp / len(slot.cache_tokens) < KEEP_THRESHOLD
     return params.id_slot is None or bool(slot.cache_tokens)  # least recently used, or named and not similar
-
-
-def prefix_donor(slots: Sequence[Slot], slot: Slot, tokens: list[int]) -> tuple[Slot, int] | None:
-    """(kv_share, llmkit's own) The other slot, busy or idle, that holds the longest prefix of ``tokens``, and how many
-    of its cells ``slot`` takes, if that is more than ``slot`` keeps of its own. A token is always left to read: the
-    first token is sampled from its logits."""
-    n_own = common_prefix(slot.cache_tokens, tokens)
-    held = [(min(common_prefix(other.cache_tokens, tokens), len(tokens) - 1), other) for other in slots if other is not slot]
-    n, donor = max(held, key=lambda h: h[0], default=(0, slot))
-    return (donor, n) if n > n_own else None
-
-
-def waits_for_cells(slots: Sequence[Slot], tokens: list[int], min_shared: int) -> bool:
-    """(kv_share) Whether a request for ``tokens`` waits for a prefix that a slot is reading now rather than read it
-    too (SGLang's in-batch prefix caching): when that slot will hold ``min_shared`` or more of its tokens beyond what
-    any slot holds already. It waits while that prefix is read, never longer than it would take to read it itself."""
-    held = held_prefix(slots, tokens)
-    reading = [s.job.context for s in slots if s.job is not None and not s.job.is_generating]
-    return any(common_prefix(context, tokens) - held >= min_shared for context in reading)
 
 
 @dataclass(frozen=True)
@@ -190,6 +174,8 @@ class Scheduler:
         self.config, self.memory, self.start_job, self.counters = config, memory, start_job, counters
         self.policy = config.policy  # who goes first, which slot, who makes room (llama-server's rules by default)
         self.slots = [Slot(i, memory.n_ctx_seq) for i in range(config.n_parallel)]
+        # kv_share: sequences after the slots' that keep prefixes no slot holds (never given a job; SGLang's radix cache)
+        self.resident = [Slot(i, memory.n_ctx_seq) for i in range(config.n_parallel, config.n_seq_max)]
         self.prompt_cache = PromptCache(config.cache_ram_mib, memory.n_ctx, config.cache_choice) if config.cache_ram_mib != 0 else None
         self.waiting: deque[Request] = deque()  # in arrival order (the policy orders them)
         self.suspended: dict[int, Job] = {}  # preempted jobs, by request id: their requests wait again
@@ -197,6 +183,11 @@ class Scheduler:
 
     def busy(self) -> list[Running]:
         return [Running(slot, slot.job) for slot in self.slots if slot.job is not None]
+
+    @property
+    def holders(self) -> list[Slot]:
+        """Every sequence that holds KV cells: the slots, then the resident prefixes (``kv_share``)."""
+        return [*self.slots, *self.resident]
 
     def add(self, request: Request) -> None:
         """``request`` waits, at its place of arrival (a preempted one goes back where it was)."""
@@ -233,7 +224,7 @@ class Scheduler:
             self.drop(request)
         waiting = list(self.waiting)
         if self.config.kv_share:  # a request whose prefix a slot is reading waits for its cells
-            waiting = [r for r in waiting if not waits_for_cells(self.slots, self.tokens_of(r), MIN_SHARED)]
+            waiting = [r for r in waiting if not waits_for_cells(self.holders, self.tokens_of(r), MIN_SHARED)]
         if (found := self.checked_admission(waiting)) is not None:
             self.waiting.remove(found.request)
         return found
@@ -242,13 +233,13 @@ class Scheduler:
         """The policy's choice, checked: if it raises, or names a request that is not waiting, an idle slot to preempt or
         a busy one to fill, the scheduler says so in its log (once per kind of fault) and admits by llama-server's rule."""
         try:
-            found = admission(waiting, self.slots, self.policy, self.tokens_of)
+            found = admission(waiting, self.slots, self.policy, self.tokens_of, self.resident)
             if found is None or self._usable(found, waiting):
                 return found
             self._policy_fault("chose an unusable slot or request", str(found), "admitting by llama-server's rule")
         except Exception as exc:  # noqa: BLE001 -- a plug-in's bug costs its own decision, never a request
             self._policy_fault("raised while admitting", repr(exc), "admitting by llama-server's rule")
-        return admission(waiting, self.slots, LlamaServerPolicy(), self.tokens_of)
+        return admission(waiting, self.slots, LlamaServerPolicy(), self.tokens_of, self.resident)
 
     def _usable(self, found: Admission, waiting: list[Request]) -> bool:
         """A request that is waiting, and a slot of this engine: idle to fill, busy to preempt."""
@@ -297,8 +288,10 @@ class Scheduler:
         if request.kv is not None and request.id not in self.suspended and (started := self.launch_from(slot, request, request.kv)):
             return started
         tokens, params = self.tokens_of(request), request.params
-        if self.config.kv_share and params.cache_prompt:
-            self.share_prefix(slot, tokens)
+        if self.config.kv_share:
+            self.keep_resident(slot, tokens)
+            if params.cache_prompt:
+                self.share_prefix(slot, tokens)
         self.swap_prompt(slot, tokens, request, resuming=request.id in self.suspended)
         n_keep, n_moved = slot.reuse(self.memory, tokens, params.cache_prompt, params.n_cache_reuse)
         job = self.suspended.pop(request.id, None)
@@ -330,12 +323,23 @@ class Scheduler:
         If another slot, busy or idle, holds more of ``tokens`` than ``slot`` does, ``slot`` takes those cells
         (``Slot.share_from``: seq_cp on the unified KV cache) instead of reading them; its own prompt goes to the
         prompt cache first, as when a slot is reused."""
-        if (found := prefix_donor(self.slots, slot, tokens)) is None:
+        if (found := prefix_donor(self.holders, slot, tokens)) is None:
             return
         self.cache_prompt(slot)  # (an empty slot's: nothing to keep, PromptCache.save declines)
         donor, n = found
         slot.share_from(self.memory, donor, n)
+        if donor.is_idle:  # a prefix used is kept longer (least recently used goes first)
+            donor.t_last_used = time.perf_counter()
         self.counters.record_share(n)
+
+    def keep_resident(self, slot: Slot, tokens: list[int]) -> None:
+        """(kv_share) Before ``slot`` drops tokens no other sequence holds (another prompt starts on it), a resident
+        sequence takes their cells (``seq_cp``: no copy), for a later request: SGLang's radix cache keeps every
+        computed prefix until it needs the room (``sharing.to_keep``, ``sharing.resident_for``)."""
+        if self.resident and to_keep(self.holders, slot, tokens, MIN_SHARED):
+            resident = resident_for(self.resident, slot.cache_tokens)
+            resident.share_from(self.memory, slot, slot.n_past)
+            resident.t_last_used = time.perf_counter()
 
     def swap_prompt(self, slot: Slot, tokens: list[int], request: Request, *, resuming: bool = False) -> None:
         """Before ``slot`` loses its prompt, copy it to RAM; bring back the cached prompt that serves ``tokens``
@@ -368,12 +372,13 @@ class Scheduler:
 
     def clear_idle_slot(self) -> bool:
         """Free the cells of one idle slot that holds some (llama-server: try_clear_idle_slots), when a decode finds the
-        KV cache full. Only a unified KV cache gains from it: separate streams do not share cells."""
-        idle = [slot for slot in self.slots if slot.is_idle and slot.cache_tokens] if self.config.kv_unified else []
+        KV cache full. Only a unified KV cache gains from it: separate streams do not share cells. With ``kv_share``,
+        the resident prefixes are purged too, least recently used first among those that free a cell of their own."""
+        idle = [slot for slot in self.holders if slot.is_idle and slot.cache_tokens] if self.config.kv_unified else []
         if not idle:
             return False
-        slot = min(idle, key=lambda s: s.t_last_used) if self.config.kv_share else idle[0]  # shared: least recently used
-        log.warning("purging slot %d with %d tokens", slot.id, slot.n_past)
+        slot = idle[0] if not self.config.kv_share else min(idle, key=lambda s: (not frees_cells(self.holders, s), s.t_last_used))
+        log.warning("purging %s %d with %d tokens", "slot" if slot in self.slots else "resident prefix", slot.id, slot.n_past)
         slot.clear_prompt(self.memory)
         return True
 

@@ -56,11 +56,11 @@ class SlotStatus:
     n_restored: int  # prompts brought back from the prompt cache
     job: JobStatus | None  # None: idle
     tail: tuple[int, ...] = ()  # the last tokens of its KV cache, and with a job the last it generated (for a picture)
-    n_shared: int = 0  # of n_cached, cells another slot holds too (kv_share)
+    n_shared: int = 0  # of n_cached, cells another sequence holds too (kv_share)
 
     @classmethod
     def of(cls, slot: Slot, n_tail: int = 0, holders: Counter[int] | None = None) -> SlotStatus:
-        """``holders``: how many slots hold each cell (``Cells.holders``), to count this slot's shared cells."""
+        """``holders``: how many sequences hold each cell (``Cells.holders``), to count this slot's shared cells."""
         job = slot.job
         tail = (job.output if job is not None and job.output else slot.cache_tokens)[-n_tail:] if n_tail else []
         status = JobStatus.of(job) if job is not None else None
@@ -77,16 +77,17 @@ class Waiting(NamedTuple):
 
 
 class Cells(NamedTuple):
-    """The KV cells the slots hold, each counted once however many slots hold it (``kv_share``: a prefix's cells are
-    shared, so N requests on one prefix hold one prefix and N suffixes)."""
+    """The KV cells the sequences hold (the slots, and with ``kv_share`` the resident prefixes), each counted once
+    however many hold it (``kv_share``: a prefix's cells are shared, so N requests on one prefix hold one prefix and N
+    suffixes)."""
 
-    used: int = 0  # cells some slot holds
-    shared: int = 0  # of them, held by two slots or more
-    idle: int = 0  # of them, held by idle slots alone: resident for a later request, needed by none running
+    used: int = 0  # cells some sequence holds
+    shared: int = 0  # of them, held by two sequences or more
+    idle: int = 0  # of them, held by idle slots and resident prefixes alone: resident for a later request, needed by none running
 
     @staticmethod
     def holders(slots: Sequence[Slot]) -> Counter[int]:
-        """How many slots hold each cell."""
+        """How many sequences hold each cell."""
         return Counter(cell for slot in slots for cell in set(slot.cells))
 
     @classmethod
@@ -117,9 +118,11 @@ class EngineStatus:
         counters: Counters,
         cache: PromptCache | None,
         step: int,
+        resident: Sequence[Slot] = (),
     ) -> EngineStatus:
-        """Taken from the engine's live objects, as values (by its thread, between two steps)."""
-        holders = Cells.holders(slots)
+        """Taken from the engine's live objects, as values (by its thread, between two steps); ``resident``: the
+        sequences that keep prefixes beside the slots (``kv_share``), counted in the cells."""
+        holders = Cells.holders([*slots, *resident])
         return cls(
             config, tuple(SlotStatus.of(slot, STATUS_TAIL, holders) for slot in slots),
             tuple(Waiting(r.id, len(r.prompt), r.params.priority) for r in waiting), counters.copy(),

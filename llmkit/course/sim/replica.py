@@ -131,7 +131,7 @@ class Replica:
         config, n_ctx_seq = self.config.engine_config(), self.config.n_ctx // (1 if self.config.kv_unified else self.config.n_slots)
         self.memory = TokenMemory([], self.config.n_ctx, n_ctx_seq)
         self.scheduler = Scheduler(config, self.memory, start_job, Counters())
-        self.memory.slots = self.slots
+        self.memory.slots = self.scheduler.holders
         if self.cache is not None and self.cache.limit_bytes:
             self.cache.limit_bytes //= self.config.state_bytes_per_token  # one byte per token in TokenMemory
         self.runs: dict[int, SimRequest] = {}  # by the engine request's id
