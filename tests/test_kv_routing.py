@@ -57,7 +57,9 @@ def test_the_engines_events_follow_its_slots_and_prompt_cache_at_every_step(mode
             assert view.prefixes(None) == block_prefixes(BLOCK, takeable)
             assert engine.prompt_cache is not None
             assert view.prefixes("CPU") == block_prefixes(BLOCK, [e.tokens for e in engine.prompt_cache.entries])
-        assert engine.counters.requests_preempted_total >= 1 and engine.prompt_cache.hits >= 1
+        assert engine.counters.requests_preempted_total >= 1 and engine.prompt_cache.entries  # the host tier had blocks to tell
+        # the preempted job came back from RAM; with kv_share, from its cells, which stayed resident
+        assert engine.prompt_cache.hits >= 1 if not share else engine.counters.prompt_tokens_shared_total > 0
 
 
 @pytest.fixture(scope="module")
