@@ -104,6 +104,7 @@ class ReplicaConfig:
 
     n_slots: int = AUTO_PARALLEL  # -np -1: 4 slots ...
     kv_unified: bool = True  # ... on a unified KV cache (idle slots are cleared once copied to the prompt cache)
+    kv_share: bool = False  # --kv-share: a prefix's cells taken by every request that starts with it (SGLang's radix cache)
     n_ctx: int = 8192
     n_batch: int = 2048
     step_tokens: int = DEFAULT_STEP_TOKENS
@@ -114,7 +115,7 @@ class ReplicaConfig:
         """The engine's settings these stand for (its scheduler runs on them)."""
         return EngineConfig(
             n_parallel=self.n_slots, n_ctx=self.n_ctx, n_batch=self.n_batch, kv_unified=self.kv_unified,
-            step_tokens=self.step_tokens, cache_ram_mib=self.cache_ram_mib,
+            step_tokens=self.step_tokens, cache_ram_mib=self.cache_ram_mib, kv_share=self.kv_share,
         ).resolved()  # fmt: skip
 
 
@@ -179,7 +180,7 @@ class Replica:
 
     def sync_held(self) -> None:
         if self.held is not None:
-            self.held.sync(self.slots, self.cache)
+            self.held.sync(self.scheduler.holders, self.cache, shares=self.config.kv_share)
 
     def step_seconds(self, plan: list[Chunk]) -> float:
         """The calibrated cost of the batch, plus the prompt-cache copies made while admitting its requests."""

@@ -202,11 +202,12 @@ class HeldBlocks:
         self.slots: dict[int, tuple[list[int], list[int]]] = {}  # slot id -> (the token list last seen, its keys)
         self.entries: dict[int, tuple[CachedPrompt, list[int]]] = {}  # id(entry) -> (entry, its keys)
 
-    def sync(self, slots: Sequence[Slot], cache: PromptCache | None) -> None:
-        """(As the engine's, without ``kv_share``: a busy slot's cells are its request's own, not on the device tier.)"""
+    def sync(self, slots: Sequence[Slot], cache: PromptCache | None, *, shares: bool = False) -> None:
+        """(As the engine's: without ``shares``, kv_share, a busy slot's cells are its request's own, not on the device
+        tier; with it, every sequence's, the resident prefixes' too, can be taken.)"""
         for slot in slots:
             seen, keys = self.slots.get(slot.id, (None, []))
-            tokens = slot.cache_tokens if slot.is_idle else []
+            tokens = slot.cache_tokens if slot.is_idle or shares else []
             kept = min(len(keys), len(tokens) // BLOCK) if tokens is seen else 0
             self.device.subtract(keys[kept:])
             new = block_keys(tokens, kept, keys[kept - 1] if kept else 0)
