@@ -9,8 +9,8 @@ its own; no model is loaded.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
+import queue
 import socket
 import threading
 import time
@@ -372,54 +372,77 @@ def test_priority_and_the_tenant_reach_the_engine_from_every_dialect(path):
 # --- the event loop never waits for the engine ----------------------------------------------------------------------
 
 
-class SlowStepEngine(FakeEngine):
-    """``status()`` takes ``step`` seconds, as ``Engine.status`` does while the engine's thread reads a long prompt."""
+class BlockedStepEngine(FakeEngine):
+    """``status()`` waits until the test ends the step (``step_over``), as ``Engine.status`` waits while the engine's
+    thread reads a long prompt: what the server does meanwhile is shown by order, never by a clock."""
 
-    def __init__(self, step: float, script: Callable[[Request], None]):
+    def __init__(self, script: Callable[[Request], None]):
         super().__init__(script)
-        self.step, self.asked = step, 0
+        self.step_over, self.in_step, self.asked = threading.Event(), threading.Event(), 0
+        self.step_over.set()  # no step runs until the test starts one
 
     def status(self) -> EngineStatus:
         self.asked += 1
-        time.sleep(self.step)
+        self.in_step.set()
+        assert self.step_over.wait(60), "the test never ended the step"
         return super().status()
 
 
+def arrived(received: queue.Queue[str]) -> None:
+    try:
+        received.get(timeout=30)
+    except queue.Empty:
+        pytest.fail("a piece the engine emitted did not reach its stream: the event loop is held")
+
+
 def test_a_scrape_during_a_long_step_delays_no_stream_and_no_health_check():
-    def script(r: Request) -> None:  # a piece every 50 ms for 2.5 s
+    pieces: queue.Queue[int | None] = queue.Queue()  # the test says when the engine emits each piece (None: the end)
+
+    def script(r: Request) -> None:
         def run() -> None:
-            for _ in range(50):
-                time.sleep(0.05)
+            for _ in iter(pieces.get, None):
                 r.emit(Piece("x", [1]))
+                r.wake()
             ends(r, End.EOS)
+            r.wake()
 
         threading.Thread(target=run, daemon=True).start()
 
-    engine = SlowStepEngine(1.5, script)
+    engine = BlockedStepEngine(script)
+    received: queue.Queue[str] = queue.Queue()
     with launch.serve_app(create_app(lambda: engine, Settings(alias="fake", metrics=True))) as url:
         engine.asked = 0
-        arrivals: list[float] = []
 
         def stream() -> None:
-            with httpx.stream("POST", url + "/v1/chat/completions", json=CHAT, timeout=30) as r:
-                arrivals.extend(time.perf_counter() for _ in r.iter_lines() if _.startswith("data: "))
+            with httpx.stream("POST", url + "/v1/chat/completions", json=CHAT, timeout=60) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: ") and '"x"' in line:  # a piece's chunk
+                        received.put(line)
 
         reader = threading.Thread(target=stream)
         reader.start()
-        time.sleep(0.3)
-        scrapes = [threading.Thread(target=lambda p=p: httpx.get(url + p, timeout=30)) for p in ("/metrics", "/slots", "/props")]
+        pieces.put(0)
+        arrived(received)  # the stream runs
+        engine.step_over.clear()  # a long step begins: status() now waits for its end
+        answers: dict[str, int] = {}
+        scrapes = [threading.Thread(target=lambda p=p: answers.update({p: httpx.get(url + p, timeout=60).status_code}))
+                   for p in ("/metrics", "/slots", "/props")]  # fmt: skip
+        try:
+            for s in scrapes:
+                s.start()
+            assert engine.in_step.wait(30)
+            for k in range(1, 4):  # while the scrapes wait for the step: pieces still reach the client, /health answers
+                pieces.put(k)
+                arrived(received)
+                assert httpx.get(url + "/health", timeout=30).status_code == 200
+                assert all(s.is_alive() for s in scrapes) and answers == {}, "the step was still running"
+        finally:
+            engine.step_over.set()  # the step ends: the scrapes get their answers
+            pieces.put(None)
         for s in scrapes:
-            s.start()
-        health = []
-        while any(s.is_alive() for s in scrapes):
-            t = time.perf_counter()
-            assert httpx.get(url + "/health", timeout=5).status_code == 200
-            health.append(time.perf_counter() - t)
-            time.sleep(0.05)
-        reader.join(30)
-    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
-    assert len(health) >= 10 and max(health) < 0.1, health  # polled all through the scrapes' 1.5 s wait
-    assert len(arrivals) >= 50 and max(gaps) < 0.5, max(gaps)  # 50 ms apart: a stalled loop would hold them 1.5 s
+            s.join(60)
+        reader.join(60)
+    assert answers == {"/metrics": 200, "/slots": 200, "/props": 200}
     assert engine.asked == 1  # three scrapes during one step share one wait for its end
 
 
