@@ -294,7 +294,7 @@ class Engine:
         sampled: list[tuple[int, TokenLogprob | None]] = []
         try:
             for k, row in enumerate(chunk.logit_rows):
-                token = job.sampler.sample(self.ctx, row)
+                token = job.sample(self.ctx, row, self.model.n_vocab)
                 sampled.append((token, TokenLogprob(token, *self.ctx.logprobs(row, token, n_probs)) if n_probs else None))
                 if k == len(draft) or token != draft[k] or self.model.is_eog(token):
                     break

@@ -12,9 +12,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from numbers import Integral
 
 from llmkit.engine.request import End, Outcome, Piece, Request, TokenLogprob
-from llmkit.llama import Model
+from llmkit.llama import Context, Model
 from llmkit.sampling import Sampler, SamplingParams
 from llmkit.text import Detokenizer, StopMatcher
 from llmkit.timings import Timings
@@ -52,6 +53,17 @@ class Job:
         params, detok = request.params, Detokenizer(model.token_to_piece)
         made = sampler(model, params.sampling)
         return cls(request, made, detok, stop_matcher(params.stop), request.prompt, n_keep, n_cached=n_keep, n_moved=min(n_moved, n_keep))
+
+    def sample(self, ctx: Context, row: int, n_vocab: int) -> int:
+        """Its sampler's token for the logits of batch row ``row``, checked: anything but a token id of the model's
+        vocabulary (a sampler of your own) raises here, failing this request alone, where llama.cpp would abort the
+        process on it (``token_to_piece``) or fail the next step's whole batch (``llama_decode``)."""
+        token = self.sampler.sample(ctx, row)
+        if not (isinstance(token, Integral) and 0 <= token < n_vocab):
+            made = type(self.sampler)
+            raise ValueError(f"the sampler {made.__module__}.{made.__qualname__} returned {token!r}, not a token id of this "
+                             f"model's vocabulary (0 to {n_vocab - 1})")  # fmt: skip
+        return int(token)
 
     def resume(self, n_keep: int) -> None:
         """Go on after a preemption, on a slot holding the first ``n_keep`` tokens of what it had read and generated."""

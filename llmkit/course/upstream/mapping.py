@@ -144,7 +144,7 @@ MAP: tuple[Counterpart, ...] = (
     Counterpart("llmkit.engine.engine.Engine.sample", "server_context_impl::post_decode", CONTEXT,
                 "sampling each slot that asked for logits; a slot with a draft is verified in the same method "
                 "(llama-server: a second loop over the slots, common_sampler_sample_and_accept_n)",
-                in_upstream="common_sampler_sample(slot.smpl.get()", in_llmkit="job.sampler.sample(self.ctx"),
+                in_upstream="common_sampler_sample(slot.smpl.get()", in_llmkit="job.sample(self.ctx"),
     # speculative decoding without a draft model (--spec-type ngram-simple | ngram-mod): draft, verify, accept
     Counterpart("llmkit.engine.engine.Engine.propose_drafts", "server_context_impl::pre_decode", CONTEXT,
                 "the same bound on a draft (the slot's context, max_tokens), and also the stream's share of the batch; "
