@@ -12,12 +12,6 @@ from typing import Any
 import httpx
 import msgpack
 
-from llmkit.engine.job import Job
-from llmkit.engine.policy import Running
-from llmkit.engine.request import Request
-from llmkit.engine.slot import Slot
-from llmkit.text import Detokenizer, StopMatcher
-
 # Hiragana, katakana (with the prolonged sound mark) and CJK ideographs (kanji): text that is Japanese.
 JA_CHAR = r"[\u3040-\u309f\u30a0-\u30ff\u4e00-\u9fff]"
 
@@ -90,37 +84,6 @@ def chromium(profile: Path, *, window: str = "1200,800", extra: tuple[str, ...] 
     for name, value in (capabilities or {}).items():
         options.set_capability(name, value)
     return webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-
-
-# --- slots in hand-made states, for the scheduler's pure functions (no model) ---------------------------------
-
-
-def busy(slot: Slot, prompt: list[int], n_prompt_done: int = 0, **params: Any) -> Slot:
-    """``slot`` running a request for ``prompt``, of which ``n_prompt_done`` tokens are read (no sampler: nothing samples)."""
-    from llmkit.engine.request import RequestParams
-
-    request = Request(list(prompt), RequestParams(**params))
-    slot.job = Job(request, None, Detokenizer(bytes), StopMatcher(), request.prompt, n_prompt_done)  # type: ignore[arg-type]
-    return slot
-
-
-def generating(slot_id: int, n_cached: int = 5, **params: Any) -> Slot:
-    """A slot whose request read its ``n_cached``-token prompt and sampled token 7."""
-    slot = busy(Slot(slot_id, 4096), list(range(n_cached)), n_cached, **params)
-    slot.append(list(range(n_cached)))
-    assert slot.job is not None
-    slot.job.last_token = 7
-    return slot
-
-
-def reading(slot_id: int, n_prompt: int, **params: Any) -> Slot:
-    """A slot whose request has just come, with an ``n_prompt``-token prompt to read."""
-    return busy(Slot(slot_id, 4096), list(range(100, 100 + n_prompt)), **params)
-
-
-def running(*slots: Slot) -> list[Running]:
-    """The busy slots and their jobs, as the engine hands them to ``build_batch``."""
-    return [Running(slot, slot.job) for slot in slots if slot.job is not None]
 
 
 # --- KV events read back as vllm-router reads them (test_kv_events.py, test_kv_routing.py) ---------------------------

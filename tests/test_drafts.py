@@ -10,8 +10,7 @@ from test_scheduler import CAPACITY
 from llmkit.engine.config import EngineConfig
 from llmkit.engine.scheduler import build_batch
 from llmkit.engine.speculative import NgramMod, NgramSimple, SpecParams, SpecType, make_drafter, rfind
-
-from helpers import generating, reading, running
+from llmkit.engine.testing import generating, reading, running
 
 TEXT = list(range(1000, 1100))  # 100 distinct tokens: a "file"
 

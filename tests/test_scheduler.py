@@ -13,9 +13,8 @@ from llmkit.engine.prompt_cache import MIB, PromptCache
 from llmkit.engine.request import Request, RequestParams
 from llmkit.engine.scheduler import Scheduler, admission, build_batch, swaps_prompt
 from llmkit.engine.slot import Slot
+from llmkit.engine.testing import busy, generating, reading, running
 from llmkit.engine.tokens import common_prefix
-
-from helpers import busy, generating, reading, running
 
 CAPACITY = 512  # the batch's (llama-server's n_batch)
 

@@ -20,6 +20,7 @@ steps.py         StepRecord, Counters: what each step did, the totals (/metrics)
 status.py        EngineStatus: what the engine tells (a snapshot its thread publishes)
 engine.py        the runner and its loop: step = admit + update_slots (the scheduler's plan, decode, commit, sample);
                  start=False to step by hand
+testing.py       slots and jobs in hand-made states (reading, generating, running), for tests and exercises
 """
 
 from llmkit.engine.config import EngineConfig

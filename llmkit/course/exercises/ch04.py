@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 import httpx
 
@@ -13,30 +13,18 @@ from llmkit.course import tr
 from llmkit.course.exercises import expect
 from llmkit.course.exercises.core import ENGINE, HIDDEN, LIVE, Chapter, Guard, Wrong, call
 from llmkit.course.exercises.lab import LAB, metric, quiet_engine
-from llmkit.engine.job import Job
+from llmkit.engine import testing
 from llmkit.engine.policy import LlamaServerPolicy, Running
 from llmkit.engine.request import Request, RequestParams
 from llmkit.engine.scheduler import Scheduler, build_batch
 from llmkit.engine.slot import Slot
-from llmkit.text import Detokenizer, StopMatcher
 
 CHAPTER = Chapter(4)
 
 
-def busy_slot(slot_id: int, generating: bool, n_prompt: int, *, n_ctx: int = 1024) -> Running:
-    """A slot and the job on it, for a request with an ``n_prompt``-token prompt: still to read, or read and generating."""
-    slot, request = Slot(slot_id, n_ctx), Request(list(range(100 + 1000 * slot_id, 100 + 1000 * slot_id + n_prompt)))
-    job = Job(request, cast(Any, None), Detokenizer(bytes), StopMatcher(), request.prompt, n_prompt if generating else 0)  # no sampler
-    slot.job = job
-    if generating:
-        slot.append(request.prompt)
-        job.last_token = 7
-    return Running(slot, job)
-
-
 def prompt_steps(n_streams: int, budget: int = 64, n_prompt: int = 300) -> list[int]:
     """The prompt tokens of each step until a newcomer's prompt is read, beside ``n_streams`` generating slots."""
-    busy = [busy_slot(i, True, 5) for i in range(n_streams)] + [busy_slot(n_streams, False, n_prompt)]
+    busy = testing.running(*(testing.generating(i) for i in range(n_streams)), testing.reading(n_streams, n_prompt))
     newcomer, steps = busy[-1].job, []
     while newcomer.n_prompt_done < n_prompt:
         plan = build_batch(busy, 512, budget)
@@ -152,12 +140,7 @@ def asking(*limits: int) -> list[Request]:
 
 def reading(*limits: int) -> list[Running]:
     """Jobs reading their prompts, in slot order, each asking for ``limit`` tokens."""
-    pairs = []
-    for i, limit in enumerate(limits):
-        slot, job = busy_slot(i, False, 10 + 5 * i)
-        job.request.params = RequestParams(max_tokens=limit)
-        pairs.append(Running(slot, job))
-    return pairs
+    return testing.running(*(testing.reading(i, 10 + 5 * i, max_tokens=limit) for i, limit in enumerate(limits)))
 
 
 # (what the case is, what the requests ask for): none of them is in the notebook

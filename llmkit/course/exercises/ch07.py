@@ -15,6 +15,7 @@ from llmkit.course import tr
 from llmkit.course.exercises import expect, servers
 from llmkit.course.exercises.core import ENGINE, HIDDEN, LIVE, LLAMA, SOURCE, Chapter, Guard, Wrong, call
 from llmkit.course.exercises.lab import LAB, metric, one_by_one, quiet_engine, slot_of
+from llmkit.engine import testing
 from llmkit.engine.policy import LlamaServerPolicy
 from llmkit.engine.request import Request, RequestParams
 from llmkit.engine.slot import Slot
@@ -146,10 +147,9 @@ def measured_decodes() -> list[tuple[str, int, int, int]]:
 
 def plan_steps(n_prompt: int, n_batch: int) -> int:
     """llmkit's build_batch, live: the steps that read an ``n_prompt``-token prompt alone at batch size ``n_batch``."""
-    from llmkit.course.exercises.ch04 import busy_slot
     from llmkit.engine.scheduler import Scheduler, build_batch
 
-    busy, steps = [busy_slot(0, False, n_prompt, n_ctx=n_prompt + 8)], 0
+    busy, steps = testing.running(testing.reading(0, n_prompt, n_ctx=n_prompt + 8)), 0
     while busy[0].job.prompt_left:
         Scheduler.commit(build_batch(busy, n_batch, 0))
         steps += 1
@@ -239,9 +239,7 @@ def idle(i: int, tokens: list[int], t_last_used: float) -> Slot:
 
 
 def busy(i: int, tokens: list[int]) -> Slot:
-    from llmkit.course.exercises.ch04 import busy_slot
-
-    slot, _ = busy_slot(i, True, 5)
+    slot = testing.generating(i)
     slot.cache_tokens = list(tokens)
     return slot
 
