@@ -10,11 +10,17 @@ what they started:
   (``llmkit.course.upstream.server_binary``), on the same model unless ``-m`` is given;
 - ``serve_app(app)`` runs an ASGI app on uvicorn in a thread of this
   process, for when you want to change the app first (add a route, say).
+
+A server started here goes when this process ends, however it ends: a notebook kernel killed or restarted (SIGKILL
+included: no ``finally`` runs) leaves no server behind. On Linux each child asks the kernel for a SIGTERM when its
+parent dies (``prctl(PR_SET_PDEATHSIG)``); elsewhere only the context managers stop them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import os
 import signal
 import socket
@@ -23,7 +29,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -137,9 +144,38 @@ def command(kind: str, port: int, flags: tuple[str, ...]) -> list[str]:
 
 
 def popen(argv: list[str], log_path: Path, env: dict[str, str], *, append: bool = False) -> subprocess.Popen:
-    """Run ``argv`` in a session of its own (Ctrl-C in a terminal reaches only us), its output to ``log_path``."""
+    """Run ``argv`` in a session of its own (Ctrl-C in a terminal reaches only us), its output to ``log_path``; it is
+    told to stop when this process ends (``stops_with``), from the one thread every server is started from here."""
     with open(log_path, "ab" if append else "wb") as log:
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True)
+        start = functools.partial(subprocess.Popen, argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env},
+                                  start_new_session=True, preexec_fn=stops_with(os.getpid()))  # fmt: skip
+        return spawner(os.getpid()).submit(start).result()
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def stops_with(parent: int) -> Callable[[], None] | None:
+    """Popen's ``preexec_fn`` (run in the child before it runs the server): SIGTERM when ``parent`` dies, as a stop()
+    sends it (Linux's parent-death signal); at once if it died before the child could ask. None: not Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # found here: the child only calls it
+
+    def ask() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died between the fork and the prctl: nobody will tell
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return ask
+
+
+@functools.cache
+def spawner(pid: int) -> ThreadPoolExecutor:
+    """The thread that starts every server of process ``pid``. The kernel sends the parent-death signal when the
+    *thread* that started a child ends, not the process: a server started from a passing thread (``asyncio.to_thread``,
+    a pool) would be stopped when that thread ends. This one lives as long as the process (to its normal exit)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmkit-launch")
 
 
 def spawn(kind: str, *flags: str, port: int | None = None, env: dict | None = None, name: str | None = None) -> ServerProcess:
