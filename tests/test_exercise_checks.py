@@ -13,8 +13,8 @@ import pytest
 from llmkit.course import exercises
 from llmkit.course.exercises import done
 from llmkit.course.exercises.context import names_for
-from llmkit.course.exercises.core import FAIL, PASS, UNANSWERED
 from llmkit.course.exercises.lab import LAB
+from llmkit.course.exercises.verdict import FAIL, PASS, UNANSWERED
 from llmkit.engine.policy import LlamaServerPolicy, choose_slot
 
 import wrong_answers as wrong

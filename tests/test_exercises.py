@@ -20,20 +20,8 @@ import pytest
 from llmkit.course import exercises
 from llmkit.course.exercises import ch04, ch05, ch07, ch08, ch09, done, notebook
 from llmkit.course.exercises.classroom import student_edition
-from llmkit.course.exercises.core import (
-    ENGINE,
-    ERROR,
-    FAIL,
-    LLAMA,
-    PASS,
-    SERVER,
-    UNANSWERED,
-    VERDICT_KEY,
-    Exercise,
-    Wrong,
-    extra_chapter,
-    unanswered,
-)
+from llmkit.course.exercises.core import ENGINE, LLAMA, SERVER, Exercise, Wrong, extra_chapter, unanswered
+from llmkit.course.exercises.verdict import ERROR, FAIL, PASS, UNANSWERED, VERDICT_KEY
 from llmkit.engine.policy import LlamaServerPolicy, choose_slot
 from llmkit.engine.prompt_cache import choose_entry
 from llmkit.text import StopMatcher
@@ -248,7 +236,7 @@ def test_progress_is_kept_across_restarts_and_done_stays_done(demo, progress_fil
     assert saved["99"]["2"]["done"] and saved["99"]["2"]["status"] == PASS and not saved["99"]["1"]["done"]
     demo.q2.check(lambda x: 3 * x)  # a later failed try: the exercise stays done
     assert done.status_of(done.load(), 99, 2) == (FAIL, True)
-    assert done.summary([99]) == [(99, 1, 2, "✗✓")]
+    assert done.summary([demo]) == [(99, 1, 2, "✗✓")]
     view = demo.progress()
     bundle = view._repr_mimebundle_()
     assert "1 of 2" in bundle["text/plain"] and "q1" in bundle["text/html"] and "q2" in view.widget.value
@@ -257,7 +245,7 @@ def test_progress_is_kept_across_restarts_and_done_stays_done(demo, progress_fil
 
 
 def test_progress_of_every_chapter_as_a_table():
-    text = done.text()
+    text = done.text(exercises.chapters())
     assert "0 of" in text and all(f"\n{n:>7}" in text for n in range(1, 10))
 
 

@@ -294,7 +294,7 @@ def exercises_command(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     with course_imports("exercises"):
-        from llmkit.course.exercises import cage, classroom, done
+        from llmkit.course.exercises import cage, chapters, classroom, done
 
     if args.action == "student":
         written = classroom.student_edition(Path(args.out), Path(args.notebooks) if args.notebooks else None)
@@ -304,5 +304,5 @@ def exercises_command(args: argparse.Namespace) -> int:
         out = Path(args.out)
         print(f"{len(submissions)} notebooks graded: {out / 'grades.csv'}, {out / 'grades.html'} (cage: {cage.kind()})")
     else:
-        print(done.text())
+        print(done.text(chapters()))
     return 0

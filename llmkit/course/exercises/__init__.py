@@ -21,7 +21,8 @@ nothing (the notebooks run from top to bottom with their answer cells empty).
 
 The parts:
 
-    core       Exercise, Chapter, Verdict; Wrong and TheirError (what a judge raises); call (the learner's code)
+    verdict    Verdict: what a check found, and its statuses (pass, fail, not answered, error)
+    core       Exercise, Chapter; Wrong and TheirError (what a judge raises); call (the learner's code)
     expect     the kind and value of an answer (whole_number, same, near, ...): messages that never give the answer
     notebook   an exercise's cells in its notebook: hints, solution (the notebook is their only source)
     lab        the model, servers and measurements the checks share, started once
@@ -36,7 +37,7 @@ The parts:
 
 from __future__ import annotations
 
-from llmkit.course.exercises.core import CHAPTERS, Chapter, Exercise, Verdict, chapter, chapters
-from llmkit.course.exercises.done import progress
+from llmkit.course.exercises.core import CHAPTERS, Chapter, Exercise, chapter, chapters, progress
+from llmkit.course.exercises.verdict import Verdict
 
 __all__ = ["CHAPTERS", "Chapter", "Exercise", "Verdict", "chapter", "chapters", "progress"]

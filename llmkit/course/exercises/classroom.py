@@ -38,8 +38,9 @@ import nbformat
 
 from llmkit.course.exercises import cage
 from llmkit.course.exercises.answers import encode, free_names
-from llmkit.course.exercises.core import CHAPTERS, ERROR, PASS, STATUSES, UNANSWERED, chapter
+from llmkit.course.exercises.core import CHAPTERS, chapter
 from llmkit.course.exercises.notebook import ANSWER, CHECK, SOLUTION
+from llmkit.course.exercises.verdict import ERROR, PASS, STATUSES, UNANSWERED
 
 CHAPTER_CALL = re.compile(r"exercises\.chapter\((\d+)\)")
 CHECK_CALL = re.compile(r"\bq(\d+)\.check\(")

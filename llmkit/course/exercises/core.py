@@ -18,7 +18,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import dis
-import html
 import importlib
 import inspect
 import json
@@ -34,9 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from llmkit.course import tr
-
-PASS, FAIL, UNANSWERED, ERROR = "pass", "fail", "not answered", "error"
-STATUSES = (PASS, FAIL, UNANSWERED, ERROR)
+from llmkit.course.exercises import done, notebook
+from llmkit.course.exercises.verdict import ERROR, FAIL, PASS, UNANSWERED, Verdict
 
 # What a check compares the answer with (the closing table of each exercise, README's list)
 LIVE = "value measured live"  # a prediction or a value, against what the kit measures on this machine now
@@ -161,62 +159,7 @@ def unanswered(value: Any) -> bool:
     return bool(own) and all(is_stub(f) for f in own)
 
 
-# --- the verdict -------------------------------------------------------------------------------------------------
-
-# What a grading run reads back from a check cell's output: in the output's metadata, not a mime type of its own
-# (a book would have to render one), under this key
-VERDICT_KEY = "llmkit_verdict"
-MARKS = {PASS: "✓", FAIL: "✗", UNANSWERED: "…", ERROR: "✗"}
-COLOURS = {PASS: ("#e6f4ea", "#1e7b34"), FAIL: ("#fdecea", "#b3261e"), UNANSWERED: ("#f1f3f4", "#5f6368"), ERROR: ("#fdecea", "#b3261e")}
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What a check found: ``status`` (pass, fail, not answered, error), a one-paragraph ``message``, and for an
-    error the learner's traceback (``detail``)."""
-
-    chapter: int
-    number: int
-    status: str
-    message: str
-    detail: str = ""
-    theirs: bool = True  # an error: raised by the learner's code (else the check itself could not run)
-
-    @property
-    def passed(self) -> bool:
-        return self.status == PASS
-
-    def __bool__(self) -> bool:
-        return self.passed
-
-    def headline(self) -> str:
-        words = {
-            PASS: tr("correct"),
-            FAIL: tr("not yet"),
-            UNANSWERED: tr("not answered yet"),
-            ERROR: tr("your code raised an error") if self.theirs else tr("the check could not run"),
-        }
-        return tr("Exercise {chapter}.{number}", chapter=self.chapter, number=self.number) + f" {MARKS[self.status]} {words[self.status]}"
-
-    def __str__(self) -> str:
-        return "\n".join(part for part in (f"{self.headline()}: {self.message}", self.detail.rstrip()) if part)
-
-    def to_json(self) -> dict:
-        return {"chapter": self.chapter, "number": self.number, "status": self.status, "message": self.message}
-
-    def _repr_html_(self) -> str:
-        back, ink = COLOURS[self.status]
-        detail = (
-            f'<pre style="margin:0.4em 0 0 0; font-size:85%; white-space:pre-wrap">{html.escape(self.detail)}</pre>' if self.detail else ""
-        )
-        return (
-            f'<div class="llmkit-verdict llmkit-{self.status.replace(" ", "-")}" style="background:{back}; '
-            f'border-left:4px solid {ink}; padding:0.4em 0.8em; margin:0.2em 0">'
-            f'<strong style="color:{ink}">{html.escape(self.headline())}</strong>: {html.escape(self.message)}{detail}</div>'
-        )
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> tuple[dict, dict]:
-        return {"text/plain": str(self), "text/html": self._repr_html_()}, {VERDICT_KEY: self.to_json()}
+# --- showing it ----------------------------------------------------------------------------------------------------
 
 
 def show(obj: Any) -> None:
@@ -289,23 +232,17 @@ class Exercise:
 
     def check(self, *answers: Any) -> None:
         """Check ``answers`` (the names the answer cell defines), show the verdict, and record it in your progress."""
-        from llmkit.course.exercises.done import record
-
         verdict = self.verdict(*answers)
-        record(verdict)
+        done.record(verdict)
         show(verdict)
 
     def hint(self) -> None:
         """Show the next hint (the exercise's hints in the notebook, one more each call; then the last again)."""
-        from llmkit.course.exercises.notebook import next_hint
-
-        show(next_hint(self))
+        show(notebook.next_hint(self))
 
     def solution(self) -> None:
         """Show the solution: the code of the hidden cell under the exercise, read from the notebook."""
-        from llmkit.course.exercises.notebook import solution_view
-
-        show(solution_view(self))
+        show(notebook.solution_view(self))
 
 
 @dataclass
@@ -338,11 +275,9 @@ class Chapter:
     def __len__(self) -> int:
         return len(self.exercises)
 
-    def progress(self) -> Any:
+    def progress(self) -> done.ProgressView:
         """A widget: which of this chapter's exercises are done (updated as checks pass)."""
-        from llmkit.course.exercises.done import ProgressView
-
-        return ProgressView(self.number)
+        return done.ProgressView([self], one=True)
 
 
 CHAPTERS = tuple(range(1, 11))  # the chapters with exercises
@@ -359,6 +294,11 @@ def chapter(number: int) -> Chapter:
 
 def chapters() -> list[Chapter]:
     return [chapter(n) for n in CHAPTERS]
+
+
+def progress(number: int | None = None) -> done.ProgressView:
+    """A widget: the exercises done, of chapter ``number`` or (``None``) of every chapter."""
+    return chapter(number).progress() if number is not None else done.ProgressView(chapters())
 
 
 @contextmanager

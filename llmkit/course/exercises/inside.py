@@ -33,7 +33,8 @@ from typing import Any
 
 from llmkit.course.exercises.answers import NotData, decode, encode, slice_for
 from llmkit.course.exercises.context import Elsewhere
-from llmkit.course.exercises.core import ERROR, TimeLimit, time_limit
+from llmkit.course.exercises.core import TimeLimit, time_limit
+from llmkit.course.exercises.verdict import ERROR
 
 KIT_CHECKS = "llmkit.course.exercises"
 FRAMES = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back", "f_globals", "f_locals"}

@@ -19,12 +19,18 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from llmkit.course import tr
 
-if TYPE_CHECKING:
-    from llmkit.course.exercises.core import Exercise
+
+class Exercise(Protocol):
+    """An exercise as its hints and solution are read for it (``core.Exercise``): where it is, the hints shown so far."""
+
+    chapter: int
+    number: int
+    hints_shown: int
+
 
 ANSWER, CHECK, SOLUTION, SECTION = "answer", "check", "solution", "exercises"  # cell tags
 EXERCISE = re.compile(r"^\*\*[^*\d\n]{1,20}?(\d+)\s*—", re.MULTILINE)  # **Exercise 4 —, **演習 4 —
