@@ -4,7 +4,7 @@
     python scripts/decode_path.py --seqs 1 2 4 8 --rounds 7 --variants before fa-off llmkit
     python scripts/decode_path.py --batched-bench /path/to/llama-batched-bench
 
-The raw loop of ``llmkit.course.bench.levels`` on batched-bench's shapes: ``n`` sequences of a ``--prompt``-token
+The raw loop of ``llmkit.course.bench.scenarios.levels`` on batched-bench's shapes: ``n`` sequences of a ``--prompt``-token
 prompt, prefilled in one batch, then ``--gen`` decode steps of ``n`` tokens, one ``llama_decode`` each, every
 token sampled by llmkit's ``Sampler`` (greedy, ``ignore_eos``) as the bench does. Only the decode steps are timed
 (sampling and batch building included, as batched-bench's S_TG includes its own loop): aggregate tok/s =

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import ast
 import json
+import pkgutil
 from dataclasses import asdict
 from pathlib import Path
 
 from llmkit.cli import build_parser
 from llmkit.course import bench, client
+from llmkit.course.bench import scenarios
 from llmkit.course.bench.prompts import QUESTION, REVIEWS
-from llmkit.course.bench.scenarios import Measured
 from llmkit.course.bench.scenarios import speculation as speculation_scenario
 from llmkit.course.bench.scenarios.apis import ApiStreaming
 from llmkit.course.bench.scenarios.arrivals import Arrivals
+from llmkit.course.bench.scenarios.soak import Soak
 from llmkit.course.bench.scenarios.speculation import Speculation
 from llmkit.course.bench.servers import OpenAIServer, through
 
@@ -66,9 +68,10 @@ def test_bench_tiny_run(tmp_path, monkeypatch):
         speculation_scenario, "spec_prompts", lambda: {"copy": ["one two three, one two three, one two"], "free": ["Once upon a"]}
     )
     results = bench.run(cfg)
+    measured = results.measured
 
-    assert {(r.server, r.concurrency) for r in results.rows} == {(s, c) for s in SERVERS for c in (1, 2)}
-    for r in results.rows:
+    assert {(r.server, r.concurrency) for r in measured["levels"]} == {(s, c) for s in SERVERS for c in (1, 2)}
+    for r in measured["levels"]:
         assert r.tokens > 0 and r.tokens_per_s > 0, r
         if r.server in ("slots", bench.NO_BUDGET):  # ignore_eos: exactly max_tokens per stream
             assert r.tokens == 8 * r.concurrency and r.ttft_median_ms > 0 and r.busy_slots_per_decode >= 1
@@ -91,14 +94,14 @@ def test_bench_tiny_run(tmp_path, monkeypatch):
     assert [row[0] for row in prefix[1:]] == ["sequential", "slots", bench.NO_BUDGET, "llama-server"]
     burst = markdown_table(saved, "| server | running")  # and llama-server with -b and -ub at the step budget
     assert [(row[0], row[1], row[2]) for row in burst[1:]] == [(s, "1", "2") for s in (*SERVERS[1:], bench.SMALL_BATCH)]
-    for scene in results.arrivals:  # two arrivals' first tokens, gaps of the running stream while they were read
+    for scene in measured["arrivals"]:  # two arrivals' first tokens, gaps of the running stream while they were read
         assert scene.arrival_ttft_max_ms >= scene.arrival_ttft_median_ms > 0 and scene.tokens_per_s > 0
         if scene.server != "sequential":  # the sequential server reads the arrivals after the stream: no gap
             assert scene.gap_max_ms >= scene.gap_p99_ms >= scene.gap_p50_ms > 0
-    assert "## Soak (memory, --cache-ram 64)" in saved and results.soak.requests == 6 and len(results.soak.samples) == 3
+    assert "## Soak (memory, --cache-ram 64)" in saved and measured["soak"].requests == 6 and len(measured["soak"].samples) == 3
     caching = markdown_table(saved, "| server | cold first token")
     assert [row[0] for row in caching[1:]] == ["slots", "llama-server"]
-    for scene in results.kv_cache:  # both servers bring the prefix back from RAM and move the edited chat's chunk
+    for scene in measured["kv-cache"]:  # both servers bring the prefix back from RAM and move the edited chat's chunk
         assert scene.ram_cached_tokens >= 50 and scene.edited_read_share < 0.5, scene
 
     targets = markdown_table(saved, "| target |")
@@ -112,15 +115,15 @@ def test_bench_tiny_run(tmp_path, monkeypatch):
     for level in (1, 2):
         assert f"Python share of slot-server step time < 3 % ({level} streams)" in judged
         assert f"slots aggregate tok/s level with llama-server, >= 0.95x ({level} streams)" in judged
-    assert targets[-1][0].startswith("slots / llama-server") and targets[-1][2] == "info"
+    assert [row[2] for row in targets if row[0].startswith("slots / llama-server")] == ["info"]  # at the top level
 
     # API streaming cost: the same streams through chat, Responses and Messages, every one to the budget
     apis = markdown_table(saved, "| server | streams | API")
     assert apis[0] == API_COLUMNS and all(len(row) == len(API_COLUMNS) for row in apis)
     expected = [(s, c, a) for s in ("slots", "llama-server") for c in (1, 2) for a in ("chat", "responses", "messages")]
     assert [(row[0], int(row[1]), row[2]) for row in apis[1:]] == expected
-    assert [(a.server, a.streams, a.api) for a in results.apis] == expected
-    for a in results.apis:  # Messages has no ignore_eos: the prompt's answer runs past the budget, counted from its usage
+    assert [(a.server, a.streams, a.api) for a in measured["apis"]] == expected
+    for a in measured["apis"]:  # Messages has no ignore_eos: the prompt's answer runs past the budget, counted from its usage
         assert a.rounds == 2 and a.tokens == a.min_tokens == a.budget == 8 * a.streams, a
         assert a.tokens_per_s > 0 and a.cpu_ms_per_token > 0 and a.ttft_median_ms > 0
         assert a.ratio_low <= a.ratio <= a.ratio_high and len(a.ratios) == 2
@@ -128,13 +131,13 @@ def test_bench_tiny_run(tmp_path, monkeypatch):
     verdicts = {row[0]: (row[1], row[2]) for row in targets[1:]}
     for level in (1, 2):
         for api in ("responses", "messages"):  # measured; at this size the noise may be more than the margin: then not judged
-            measured, verdict = verdicts[f"slots streaming through {api}: aggregate tok/s >= 0.97x chat's ({level} streams)"]
-            assert verdict in ("PASS", "FAIL") or (verdict == "n/a" and measured.endswith("within chat's own spread, not judged"))
+            shown, verdict = verdicts[f"slots streaming through {api}: aggregate tok/s >= 0.97x chat's ({level} streams)"]
+            assert verdict in ("PASS", "FAIL") or (verdict == "n/a" and shown.endswith("within chat's own spread, not judged"))
         assert any(row[0].startswith("llama-server streaming through responses, messages") and row[0].endswith(f"({level} streams)")
                    and row[2] == "info" for row in targets)  # fmt: skip
 
     # greedy drift: information, not a target; counts within 0..runs, and alone twice is alone
-    greedy = results.greedy
+    greedy = measured["greedy"]
     assert "## Greedy answers alone vs batched" in saved
     drift = markdown_table(saved, "| review | batched runs")
     assert len(drift) == 1 + 8 + 1 and drift[-1] == ["any of the 8", f"{greedy.runs_with_difference} of 2"]
@@ -151,7 +154,7 @@ def test_bench_tiny_run(tmp_path, monkeypatch):
     expected_spec = [("slots", m, k) for m in slot_modes for k in ("copy", "free")]
     expected_spec += [("llama-server", m, k) for m in ("ngram-simple", "ngram-mod") for k in ("copy", "free")]
     assert [(row[0], row[1], row[2]) for row in spec[1:]] == expected_spec
-    for r in results.speculation:
+    for r in measured["speculation"]:
         assert r.rounds == 2 and r.streams == 1 and r.tokens == 8 and r.answers == 2, r
         assert r.tokens_per_s > 0 and r.plain_tokens_per_s > 0 and r.speedup_low <= r.speedup <= r.speedup_high
         assert 0 <= r.same_answers <= r.answers and 0 <= r.draft_n_accepted <= r.draft_n
@@ -162,11 +165,11 @@ def test_bench_tiny_run(tmp_path, monkeypatch):
 
     assert results.plot_path is not None and results.plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads((tmp_path / "results.json").read_text())
-    assert len(data["rows"]) == 10 and len(data["arrivals"]) == 5 and len(data["kv_cache"]) == 2 and data["config"]["max_tokens"] == 8
+    assert len(data["levels"]) == 10 and len(data["arrivals"]) == 5 and len(data["kv-cache"]) == 2 and data["config"]["max_tokens"] == 8
     assert data["greedy"]["runs"] == 2 and data["config"]["greedy_runs"] == 2
     assert data["greedy"]["reviews"] == [asdict(r) for r in greedy.reviews]
-    assert data["apis"] == [asdict(a) for a in results.apis] and data["config"]["api_streams"] == [1, 2]
-    assert data["speculation"] == [asdict(r) for r in results.speculation] and data["config"]["spec_streams"] == [1]
+    assert data["apis"] == [asdict(a) for a in measured["apis"]] and data["config"]["api_streams"] == [1, 2]
+    assert data["speculation"] == [asdict(r) for r in measured["speculation"]] and data["config"]["spec_streams"] == [1]
     assert [[t["target"], t["measured"], t["verdict"]] for t in data["targets"]] == targets[1:]  # the same lines as results.md
 
 
@@ -256,7 +259,7 @@ def test_api_targets_judge_against_chats_own_spread():
 
     def verdicts(chat_low: float, responses: float, messages: float) -> dict[str, tuple[str, str]]:
         apis = [entry("chat", 1.0, chat_low, 1.01), entry("responses", responses, 0.9, 1.1), entry("messages", messages, 0.9, 1.1)]
-        targets = bench.targets.judge(Measured(apis=apis), bench.Config(concurrency=(1,), api_streams=(1,)))
+        targets = bench.judge({"apis": apis}, bench.Config(concurrency=(1,), api_streams=(1,)))
         streaming = [t for t in targets if "streaming through" in t.name]
         return {t.name.split(":")[0].removeprefix("slots streaming through "): (t.measured, t.verdict) for t in streaming}
 
@@ -276,7 +279,7 @@ def test_burst_targets_compare_the_budget_with_llama_server_at_both_batch_sizes(
     def verdicts(small_gap_ms: float) -> dict[str, tuple[str, str]]:
         burst = [scene("slots", 600, 5000), scene(bench.NO_BUDGET, 4000, 4500), scene("llama-server", 4300, 4400),
                  scene(bench.SMALL_BATCH, small_gap_ms, 5500)]  # fmt: skip
-        targets = bench.targets.judge(Measured(arrivals=burst), bench.Config(concurrency=(1,), arrivals=(1,)))
+        targets = bench.judge({"arrivals": burst}, bench.Config(concurrency=(1,), arrivals=(1,)))
         return {t.name.removeprefix("burst with 1 running: "): (t.measured, t.verdict) for t in targets if t.name.startswith("burst")}
 
     judged = verdicts(small_gap_ms=450)
@@ -306,7 +309,7 @@ def test_speculation_targets_take_each_servers_best_mode():
         *(entry("slots", f"{m}, slow start 4", "free", n, x) for n in (1, 4) for m, x in (("ngram-simple", 0.98), ("ngram-mod", 0.96))),
         entry("slots", "ngram-mod", "free", 1, 0.5),  # without the slow start: shown, not judged
     ]
-    targets = {t.name: (t.measured, t.verdict) for t in bench.targets.judge(Measured(speculation=results), bench.Config(concurrency=(1,)))}
+    targets = {t.name: (t.measured, t.verdict) for t in bench.judge({"speculation": results}, bench.Config(concurrency=(1,)))}
     assert targets["slots speculation speedup on copy-heavy prompts >= 1.0x llama-server's, best mode of each (1 stream)"] == (
         "0.94x (ngram-mod 1.50x, llama-server ngram-mod 1.60x)", "FAIL")  # fmt: skip
     assert targets["slots speculation speedup on copy-heavy prompts > 1.0x, best mode (4 streams)"] == ("1.05x (ngram-mod)", "PASS")
@@ -346,11 +349,12 @@ EVERYTHING_ELSE = frozenset(
 def test_bench_priority_tiny_run(tmp_path):
     cfg = bench.Config(max_tokens=8, threads=1, out=tmp_path, skip=EVERYTHING_ELSE | {"llama-server"}, priority_rounds=2, fleet_policies=())
     results = bench.run(cfg)
+    measured = results.measured
 
-    waits, kept, read_again = results.priority
-    assert [r.server for r in results.priority] == list(bench.PRIORITY_SERVERS)
+    waits, kept, read_again = measured["priority"]
+    assert [r.server for r in measured["priority"]] == list(bench.PRIORITY_SERVERS)
     assert waits.preempted == 0 and kept.preempted >= 2 and read_again.preempted >= 2  # each round preempted a running answer
-    assert all(r.low_total == 4 and 0 <= r.low_same <= 4 and r.ttft_max_ms >= r.ttft_ms > 0 for r in results.priority)
+    assert all(r.low_total == 4 and 0 <= r.low_same <= 4 and r.ttft_max_ms >= r.ttft_ms > 0 for r in measured["priority"])
     assert waits.low_same == 4  # compared with itself
     saved = results.table_path.read_text()
     rows = markdown_table(saved, "| server | high-priority TTFT")
@@ -364,9 +368,10 @@ def test_bench_fleet_tiny_run(tmp_path):
     cfg = bench.Config(out=tmp_path, skip=EVERYTHING_ELSE | {"llama-server", "priority"}, fleet_policies=("round_robin", "kv_aware"),
                        fleet_conversations=3, fleet_turns=2, fleet_tokens=4)  # fmt: skip
     results = bench.run(cfg)
+    measured = results.measured
 
-    assert [(r.server, r.policy) for r in results.fleet] == [("slots", "round_robin"), ("slots", "kv_aware")]
-    for r in results.fleet:  # every request answered, by the two replicas together; counts from the servers themselves
+    assert [(r.server, r.policy) for r in measured["fleet"]] == [("slots", "round_robin"), ("slots", "kv_aware")]
+    for r in measured["fleet"]:  # every request answered, by the two replicas together; counts from the servers themselves
         assert r.errors == 0 and r.requests == 6 == sum(r.per_replica.values()) and 0 <= r.cache_hit <= 1, r
         assert r.ttft_p99_ms >= r.ttft_p50_ms > 0 and r.tokens_per_s > 0
     saved = results.table_path.read_text()
@@ -382,8 +387,9 @@ def test_bench_shared_prefix_tiny_run(tmp_path):
     cfg = bench.Config(threads=1, out=tmp_path, skip=EVERYTHING_ELSE - {"shared-prefix"} | {"llama-server", "priority"},
                        fleet_policies=(), shared_bursts=(2,), shared_trace=2)  # fmt: skip
     results = bench.run(cfg)
+    measured = results.measured
 
-    by_server = {r.server: r for r in results.shared_prefix}
+    by_server = {r.server: r for r in measured["shared-prefix"].bursts}
     assert sorted(by_server) == ["slots", "slots --kv-share"] and all(r.clients == 2 for r in by_server.values())
     plain, shared = by_server["slots"], by_server["slots --kv-share"]
     assert shared.once > 700 and plain.once > 700  # (a new system prompt each burst: its length varies by a token)
@@ -393,6 +399,66 @@ def test_bench_shared_prefix_tiny_run(tmp_path):
         ["slots", "2"], ["slots --kv-share", "2"]]  # fmt: skip
     targets = {row[0]: row[2] for row in markdown_table(saved, "| target |")[1:]}
     assert targets["slots --kv-share, 2 clients: prompt tokens computed <= 1.1x the least"] == "PASS"
-    trace = {r.server: r for r in results.shared_trace}  # the trace on each: the kv-share server holds fewer cells
+    trace = {r.server: r for r in measured["shared-prefix"].trace}  # the trace on each: the kv-share server holds fewer cells
     assert sorted(trace) == ["slots", "slots --kv-share"] and all(r.prompt_tokens > 0 and r.cells for r in trace.values())
     assert [row[0] for row in markdown_table(saved, "| server | prompt tokens computed | TTFT p50")[1:]] == ["slots", "slots --kv-share"]
+
+
+# --- the scenarios' one interface (no model) -------------------------------------------------------------------------
+
+
+def test_every_scenario_is_one_module_with_its_name_run_section_and_targets():
+    names = [s.name for s in bench.SCENARIOS]
+    assert len(set(names)) == len(names)
+    modules = {info.name for info in pkgutil.iter_modules(scenarios.__path__)}
+    for s in bench.SCENARIOS:  # its run, section and targets in the one module it is the SCENARIO of
+        module = {f.__module__ for f in (s.run, s.section, s.targets)}
+        assert len(module) == 1 and __import__(module.pop(), fromlist=["SCENARIO"]).SCENARIO is s, s.name
+    assert {s.run.__module__.rsplit(".", 1)[1] for s in bench.SCENARIOS} == modules  # every module is a listed scenario
+    skip = next(a for a in build_parser()._subparsers._group_actions[0].choices["bench"]._actions if a.dest == "skip")
+    default = bench.Config()
+    assert {s.name for s in bench.SCENARIOS if s.wanted(default)} <= set(skip.choices)  # what runs by default can be left out
+    unmeasured = bench.judge({}, default)  # nothing measured: every scenario's targets say so
+    assert unmeasured and {t.measured for t in unmeasured} == {"not measured"}
+
+
+def fake(name: str, events: list, *, shared: bool = False, wanted: bool = True) -> bench.Scenario:
+    """A scenario that records when it runs (and on which stage) and when what it started is stopped."""
+
+    def run(cfg: bench.Config, stage) -> list[str]:
+        events.append((name, stage.stack))
+        stage.stack.callback(events.append, (name, "stopped"))
+        return [name]
+
+    return bench.Scenario(name, run, lambda r, cfg: f"## {name}", lambda r, cfg: [], lambda cfg: wanted, shared)
+
+
+def test_a_run_takes_the_shared_scenarios_on_one_stage_then_each_other_on_its_own(monkeypatch):
+    events: list = []
+    fakes = [fake("a", events, shared=True), fake("b", events), fake("c", events, shared=True), fake("d", events, wanted=False),
+             fake("e", events, shared=True), fake("f", events)]  # fmt: skip
+    monkeypatch.setattr(bench, "SCENARIOS", fakes)
+    measured = bench.measure(bench.Config(skip=frozenset({"e"})))
+    assert measured == {"a": ["a"], "c": ["c"], "b": ["b"], "f": ["f"]}  # skipped by name or not asked for: not run
+    (a, on_a), (c, on_c), stop_c, stop_a, (b, on_b), stop_b, (f, on_f), stop_f = events
+    assert (a, c, b, f) == ("a", "c", "b", "f") and on_a is on_c  # the shared ones first, on one stage ...
+    assert (stop_c, stop_a) == (("c", "stopped"), ("a", "stopped"))  # ... stopped before the others run
+    assert (stop_b, stop_f) == (("b", "stopped"), ("f", "stopped"))  # each of which is stopped before the next one
+    assert len({id(on_a), id(on_b), id(on_f)}) == 3  # (each on a stage of its own)
+
+
+def test_results_md_and_json_hold_each_scenario_that_ran_under_its_name():
+    arrivals = [Arrivals(server="slots", running=1, arrivals=3, gap_p50_ms=10.0, gap_p99_ms=20.0, gap_max_ms=30.0,
+                         arrival_ttft_median_ms=100.0, arrival_ttft_max_ms=120.0, tokens_per_s=50.0)]  # fmt: skip
+    soak = Soak(server="slots", requests=6, samples=[(0, 100.0), (3, 110.0), (6, 111.0)], rss_start_mb=100.0, rss_first_mb=110.0,
+                rss_last_mb=111.0, rss_peak_mb=112.0, growth=111.0 / 110.0)  # fmt: skip
+    measured, cfg = {"soak": soak, "arrivals": arrivals}, bench.Config(concurrency=(1,), arrivals=(1,))
+    targets = bench.judge(measured, cfg)
+    text = bench.report.markdown(measured, targets, cfg)
+    headings = [line.split(" (")[0] for line in text.splitlines() if line.startswith("## ")]
+    assert headings == ["## Arrivals", "## Soak", "## Targets"]  # in SCENARIOS' order, those that ran
+    verdicts = {row[0]: row[2] for row in markdown_table(text, "| target |")[1:]}
+    assert verdicts["slots RSS does not grow over the soak (last / first <= 1.03)"] == "PASS"
+    data = bench.report.data(measured, targets, cfg)
+    assert data["arrivals"] == [asdict(a) for a in arrivals] and data["soak"] == asdict(soak) and "levels" not in data
+    assert len(data["targets"]) == len(targets)

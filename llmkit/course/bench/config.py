@@ -46,9 +46,7 @@ class Config:
     model: str | None = None
     urls: dict[str, str] = field(default_factory=dict)  # name -> base URL of an OpenAI-compatible server
     out: Path = Path("bench-results")
-    # any of: sequential, slots, no-budget, llama-server, raw, prefix, arrivals, kv-cache, speculation, priority, fleet,
-    # shared-prefix; apis, levels
-    # concurrency levels)
+    # servers (sequential, slots, no-budget, llama-server, raw) and scenarios (scenarios.SCENARIOS' names) left out
     skip: frozenset[str] = frozenset()
     ctx_per_slot: int = 1024
     prefix_tokens: int = 800

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -12,9 +13,11 @@ import numpy as np
 from tqdm import tqdm
 
 from llmkit.course.bench.config import Config
-from llmkit.course.bench.levels import Row, median_run, one_level, rotated
 from llmkit.course.bench.prompts import TEXTS
+from llmkit.course.bench.scenario import Scenario, Stage
+from llmkit.course.bench.scenarios.levels import Row, median_run, one_level, rotated
 from llmkit.course.bench.servers import APIS, Server, http_client, through
+from llmkit.course.bench.targets import Target, fmt, info, unmeasured
 
 if TYPE_CHECKING:
     import httpx
@@ -132,3 +135,76 @@ def api_summary(runs: ApiRuns, server: str, n: int, api: str, budget: int) -> Ap
         ratio_high=max(ratios),
         ratios=ratios,
     )
+
+
+# --- in a bench run: the scenario (``llmkit.course.bench.scenario``) --------------------
+
+
+def run(cfg: Config, stage: Stage) -> list[ApiStreaming]:
+    return asyncio.run(api_streaming(stage.servers, cfg))
+
+
+def table(results: list[ApiStreaming]) -> str:
+    """One row per server, level and API: the median round's numbers, the median ratio to chat and the rounds' range."""
+    columns = ["server", "streams", "API", "tokens", "wall s", "aggregate tok/s", "/ chat", "range over rounds", "TTFT median ms",
+               "per-stream tok/s", "server CPU ms/token"]  # fmt: skip
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in results:
+        tokens = f"{r.tokens}" + ("" if r.min_tokens == r.budget else f" (fewest {r.min_tokens} of {r.budget})")
+        lines.append(f"| {r.server} | {r.streams} | {r.api} | {tokens} | {r.seconds:.2f} | {r.tokens_per_s:.1f} | {r.ratio:.3f} | "
+                     f"{r.ratio_low:.2f}-{r.ratio_high:.2f} | {fmt(r.ttft_median_ms)} | {fmt(r.stream_tokens_per_s, '.1f')} | "
+                     f"{fmt(r.cpu_ms_per_token, '.2f')} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def section(apis: list[ApiStreaming], cfg: Config) -> str:
+    return (
+        f"## Streaming through each chat API ({cfg.max_tokens} tokens per stream, median of {cfg.api_rounds} rounds)\n\n"
+        "The same greedy prompt through chat, Responses and Messages, back to back in every round (chat and Responses with "
+        "ignore_eos; Messages has none, and the prompt's answer runs past the budget); tokens from each API's usage. "
+        "/ chat: the median of the ratios to chat's tok/s in the same round; range: their lowest and highest (for chat, its "
+        "rounds against their median: what the machine alone moves). Server CPU: the server process's CPU time per generated "
+        f"token. Target: on the slot server, >= {API_RATIO}x chat; a ratio below that fails only if it is also below chat's "
+        "own lowest round (else this run cannot tell, and says so).\n\n" + table(apis)
+    )
+
+
+def targets(apis: list[ApiStreaming] | None, cfg: Config) -> list[Target]:
+    return api_targets(apis or [], cfg.api_levels)
+
+
+# Streaming through the Responses or Messages API (other events around the same tokens) may cost at most 3 % of chat's
+# tok/s on the slot server. The machine alone moves chat's tok/s from round to round: a ratio below this fails only if
+# it is also below chat's own lowest round, else this run cannot tell.
+API_RATIO = 0.97
+
+
+def api_targets(apis: Sequence[ApiStreaming], levels: Sequence[int]) -> list[Target]:
+    """Per level: Responses and Messages against chat on the slot server; llama-server's ratios for information."""
+    at = {(a.server, a.api, a.streams): a for a in apis}
+    out = []
+    for level in levels:
+        chat = at.get(("slots", "chat", level))
+        out += [api_target(at.get(("slots", name, level)), chat, name, level) for name in ("responses", "messages")]
+        responses, messages = (at.get(("llama-server", name, level)) for name in ("responses", "messages"))
+        if responses and messages:
+            out.append(info(f"llama-server streaming through responses, messages: aggregate tok/s / chat's ({level} streams)",
+                            f"{responses.ratio:.3f}x, {messages.ratio:.3f}x"))  # fmt: skip
+    return out
+
+
+def api_target(a: ApiStreaming | None, chat: ApiStreaming | None, api: str, level: int) -> Target:
+    name = f"slots streaming through {api}: aggregate tok/s >= {API_RATIO}x chat's ({level} streams)"
+    if not a or not chat:
+        return unmeasured(name)
+    shown = f"{a.ratio:.3f}x (rounds {a.ratio_low:.2f}-{a.ratio_high:.2f}; chat's own rounds {chat.ratio_low:.2f}-{chat.ratio_high:.2f})"
+    if a.min_tokens < a.budget:
+        shown += f", fewest tokens {a.min_tokens} of {a.budget}"
+    if a.ratio >= API_RATIO:
+        return Target(name, shown, True)
+    if a.ratio < chat.ratio_low:  # slower than chat ever was against itself: beyond this run's noise
+        return Target(name, shown, False)
+    return Target(name, shown + ": within chat's own spread, not judged", None)  # the machine moved chat alone further than that
+
+
+SCENARIO = Scenario("apis", run, section, targets, wanted=lambda cfg: bool(cfg.api_levels), shared=True)

@@ -5,15 +5,20 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from tqdm import tqdm
 
-from llmkit.course.bench.config import Config
-from llmkit.course.bench.levels import ttft
-from llmkit.course.bench.prompts import TEXTS
-from llmkit.course.bench.servers import Server, http_client
+from llmkit.course.bench.config import NO_BUDGET, SMALL_BATCH, SMALL_BATCH_FLAGS, Config
+from llmkit.course.bench.prompts import TEXTS, long_text
+from llmkit.course.bench.scenario import Scenario, Stage
+from llmkit.course.bench.scenarios.levels import ttft
+from llmkit.course.bench.servers import Server, http_client, start_small_batch
+from llmkit.course.bench.targets import Target, fmt, info, unmeasured
 from llmkit.course.client import StreamResult
 
 if TYPE_CHECKING:
@@ -84,3 +89,90 @@ async def start_streams(
     while min(map(len, watched)) < 8 and not any(s.done() for s in streams):  # noqa: ASYNC110
         await asyncio.sleep(0.005)
     return streams, watched
+
+
+# --- in a bench run: the scenario (``llmkit.course.bench.scenario``) --------------------
+
+
+def run(cfg: Config, stage: Stage) -> list[Arrivals]:
+    """Every level of ``cfg.arrivals`` on every server started together and on llama-server at the step budget's -b, new
+    prompts each time: nothing cached."""
+    servers = [*stage.servers, *start_small_batch(cfg, stage.stack)]
+    out = []
+    for server, k in tqdm([(server, k) for k in cfg.arrivals for server in servers], desc="arrivals", leave=False):
+        tag = uuid.uuid4().hex[:12]
+        prompts = [long_text(cfg.model, cfg.arrival_tokens, f"Log {tag}-{j}") for j in range(cfg.arrival_prompts)]
+        out.append(asyncio.run(arrivals(server, k, prompts, cfg)))
+    return out
+
+
+def table(results: list[Arrivals]) -> str:
+    head = ["server", "running", "arrivals", "gap p50 ms", "gap p99 ms", "gap max ms", "arrival TTFT median ms", "arrival TTFT max ms",
+            "tok/s"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        lines.append(f"| {r.server} | {r.running} | {r.arrivals} | {fmt(r.gap_p50_ms)} | {fmt(r.gap_p99_ms)} | {fmt(r.gap_max_ms)} | "
+                     f"{fmt(r.arrival_ttft_median_ms)} | {fmt(r.arrival_ttft_max_ms)} | {fmt(r.tokens_per_s, '.1f')} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def section(results: list[Arrivals], cfg: Config) -> str:
+    return (f"## Arrivals ({cfg.arrival_prompts} prompts of ~{cfg.arrival_tokens} tokens at once while streams run)\n\n"
+            f"llama-server at its default -b 2048, and at {SMALL_BATCH_FLAGS} (the slot server's step budget).\n\n"
+            + table(results))  # fmt: skip
+
+
+def targets(results: list[Arrivals] | None, cfg: Config) -> list[Target]:
+    return [t for k in cfg.arrivals for t in burst_targets(results or [], k)]
+
+
+# A burst of long prompts while streams run: with the step budget, the running streams' worst wait between two tokens
+# must be at most a quarter of what it is without the budget, and of llama-server's at its default -b 2048 (both fill a
+# step with prompt tokens up to -b, and the running streams wait for that step) ...
+WORST_GAP = 0.25
+
+
+# ... and level with llama-server's at -b 128 -ub 128, whose every step holds at most as many tokens as the budget
+# allows beside a stream: at most 1.5 times its worst gap (the Python around each step, one run on a shared machine) ...
+SAME_CAP_GAP = 1.5
+
+
+# ... while the arrivals' median first token comes at most 1.5 times later than without the budget (their prompts are
+# read over more steps).
+ARRIVAL_TTFT = 1.5
+
+
+def burst_targets(burst: Sequence[Arrivals], k: int) -> list[Target]:
+    """With ``k`` streams running: the worst gap against no budget and against llama-server at -b 2048 and at the
+    budget's -b; the arrivals' first token against no budget, and against llama-server's for information."""
+    scene = {b.server: b for b in burst if b.running == k}
+    ours, plain = scene.get("slots"), scene.get(NO_BUDGET)
+    out = [
+        gap_target(ours, plain, k, WORST_GAP, "without it"),
+        gap_target(ours, scene.get("llama-server"), k, WORST_GAP, "llama-server's (-b 2048)"),
+        gap_target(ours, scene.get(SMALL_BATCH), k, SAME_CAP_GAP, f"llama-server's at {SMALL_BATCH_FLAGS}"),
+    ]
+    name = f"burst with {k} running: arrivals' median first token with the budget <= {ARRIVAL_TTFT}x without it"
+    out.append(unmeasured(name) if not ours or not plain else ttft_target(name, ours, plain))
+    big, small = scene.get("llama-server"), scene.get(SMALL_BATCH)
+    if ours and big and small:
+        name = f"burst with {k} running: arrivals' median first token with the budget / llama-server's at -b 2048, at {SMALL_BATCH_FLAGS}"
+        ratios = [ours.arrival_ttft_median_ms / other.arrival_ttft_median_ms for other in (big, small)]
+        out.append(info(name, ", ".join(f"{r:.2f}x" for r in ratios)))
+    return out
+
+
+def ttft_target(name: str, ours: Arrivals, plain: Arrivals) -> Target:
+    r = ours.arrival_ttft_median_ms / plain.arrival_ttft_median_ms
+    return Target(name, f"{r:.2f}x", r <= ARRIVAL_TTFT)
+
+
+def gap_target(ours: Arrivals | None, base: Arrivals | None, k: int, limit: float, label: str) -> Target:
+    name = f"burst with {k} running: worst gap between two tokens with the budget <= {limit}x {label}"
+    if not ours or not base or ours.gap_max_ms is None or not base.gap_max_ms:
+        return unmeasured(name)
+    r = ours.gap_max_ms / base.gap_max_ms
+    return Target(name, f"{r:.2f}x", r <= limit)
+
+
+SCENARIO = Scenario("arrivals", run, section, targets, wanted=lambda cfg: bool(cfg.arrivals), shared=True)

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from llmkit.course.bench.config import GREEDY_SLOTS, Config
 from llmkit.course.bench.prompts import QUESTION, REVIEWS
-
-if TYPE_CHECKING:
-    pass
+from llmkit.course.bench.scenario import Scenario, Stage
+from llmkit.course.bench.targets import Target, info
 
 
 @dataclass(frozen=True)
@@ -110,3 +108,49 @@ def review_drift(review: str, alone: str, batched: list[str]) -> ReviewDrift:
         batched_differing=sorted(set(differing)),
         same_chars_before_difference=min((same_start(answer, alone) for answer in differing), default=None),
     )
+
+
+# --- in a bench run: the scenario (``llmkit.course.bench.scenario``) --------------------
+
+
+def run(cfg: Config, stage: Stage) -> GreedyDrift:
+    return greedy_drift(cfg)
+
+
+def table(g: GreedyDrift) -> str:
+    """Per review: how many batched runs changed its greedy answer; then any review, and the alone-twice control."""
+    lines = ["| review | batched runs whose answer differed from alone |", "|---|---|"]
+    for r in g.reviews:
+        text = r.review if len(r.review) <= 40 else r.review[:39] + "…"
+        lines.append(f"| {text} | {r.differed} of {g.runs} |")
+    lines.append(f"| any of the {len(g.reviews)} | {g.runs_with_difference} of {g.runs} |")
+    return "\n".join(lines) + (
+        f"\n\nControl, each review answered alone twice: {control(g)}. "
+        f"The {g.runs} batched runs went through {g.batch_schedules} distinct batch schedule"
+        f"{'s' * (g.batch_schedules != 1)} (tokens per step). {g.seconds:.0f} s in all."
+    )
+
+
+def section(g: GreedyDrift, cfg: Config) -> str:
+    return (
+        "## Greedy answers alone vs batched\n\n"
+        f"Chapter 6's {len(g.reviews)} reviews, unconstrained, temperature 0, at most {g.max_tokens} tokens, on an "
+        f"in-process Engine with {g.slots} slots of one KV stream each: every review answered alone, then "
+        f"{g.runs} times all {len(g.reviews)} at once.\n\n" + table(g)
+    )
+
+
+def control(g: GreedyDrift) -> str:
+    """The control: each review answered alone twice, identical or how many answers differed."""
+    return "identical" if g.alone_twice_identical else f"{g.alone_twice_differed} of {len(g.reviews)} answers differed"
+
+
+def targets(g: GreedyDrift | None, cfg: Config) -> list[Target]:
+    """Information, not a target: where two tokens are nearly tied, a batch's shape can tip a greedy choice."""
+    if g is None:
+        return []
+    name = f"greedy answers alone vs batched, {len(g.reviews)} requests on {g.slots} slots, one KV stream each"
+    return [info(name, f"{g.runs_with_difference} of {g.runs} batched runs changed at least one answer; alone twice: {control(g)}")]
+
+
+SCENARIO = Scenario("greedy", run, section, targets, wanted=lambda cfg: cfg.greedy_runs > 0)

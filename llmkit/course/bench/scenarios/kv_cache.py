@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from llmkit.course.bench.levels import ttft
-from llmkit.course.bench.servers import OpenAIServer, http_client
+from llmkit.course import launch
+from llmkit.course.bench.config import CACHE_REUSE, Config
+from llmkit.course.bench.prompts import edited_chat, long_system_prompt
+from llmkit.course.bench.scenario import Scenario, Stage
+from llmkit.course.bench.scenarios.levels import ttft
+from llmkit.course.bench.servers import OpenAIServer, http_client, server_flags
+from llmkit.course.bench.targets import Target, info, result_of, unmeasured
 from llmkit.course.client import StreamResult
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass(frozen=True)
@@ -55,3 +58,66 @@ async def kv_cache(server: OpenAIServer, prefix: str, history: list[dict], short
         chat_tokens=n_prompt,
         edited_read_share=timings.get("prompt_n", 0) / n_prompt if n_prompt else None,
     )
+
+
+# --- in a bench run: the scenario (``llmkit.course.bench.scenario``) --------------------
+
+
+def run(cfg: Config, stage: Stage) -> list[KvCache]:
+    """The slot server and llama-server (unless skipped), each started alone with 2 slots and ``--cache-reuse``."""
+    system = long_system_prompt(cfg.model, cfg.prefix_tokens)
+    history, shortened = edited_chat(cfg.model, cfg.chat_tokens)
+    out = []
+    for kind in ("slots", "llama-server"):
+        if kind not in cfg.skip:
+            with launch.serve(kind, "-np", "2", "-c", "4096", "--cache-reuse", str(CACHE_REUSE), *server_flags(cfg)) as p:
+                out.append(asyncio.run(kv_cache(OpenAIServer(kind, p.url), system, history, shortened)))
+    return out
+
+
+def table(results: list[KvCache]) -> str:
+    head = "| server | cold first token | same slot | from RAM, other slot | cold / RAM | edited ~1,000-token chat: share read again |"
+    lines = [head, "|---|---|---|---|---|---|"]
+    for r in results:
+        share = f"{100 * r.edited_read_share:.0f} %" if r.edited_read_share is not None else "n/a"
+        lines.append(f"| {r.server} | {r.cold_ms:.0f} ms | {r.same_slot_ms:.0f} ms | {r.ram_ms:.0f} ms ({r.ram_cached_tokens} cached) | "
+                     f"{r.cold_ms / r.ram_ms:.1f}x | {share} of {r.chat_tokens} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def section(results: list[KvCache], cfg: Config) -> str:
+    return f"## KV cache beyond one slot (2 slots, --cache-reuse {CACHE_REUSE})\n\n" + table(results)
+
+
+def targets(results: list[KvCache] | None, cfg: Config) -> list[Target]:
+    return kv_cache_targets(results or [], cfg)
+
+
+# The host-RAM prompt cache: a long prefix restored from RAM on another slot must give its first token at least 10 times
+# sooner than reading it cold (copying its KV back is far cheaper than computing it).
+FROM_RAM_SPEEDUP = 10
+
+
+# Cache reuse (--cache-reuse): editing an early message of a long chat must not re-read it all; the chunks after the
+# edit are shifted into place, and at most 15 % of the chat is read again.
+EDITED_READ_SHARE = 0.15
+
+
+def kv_cache_targets(caching: Sequence[KvCache], cfg: Config) -> list[Target]:
+    """The prompt cache and cache reuse on the slot server; llama-server's numbers on the same requests for information."""
+    ram = (f"slots prompt cache: a ~{cfg.prefix_tokens}-token prefix from RAM on another slot, "
+           f"first token >= {FROM_RAM_SPEEDUP}x faster than cold")  # fmt: skip
+    edited = (f"slots cache reuse: an edited early message in a ~{cfg.chat_tokens}-token chat "
+              f"re-reads <= {100 * EDITED_READ_SHARE:.0f} % of it")  # fmt: skip
+    if not (kv := result_of(caching, "slots")):
+        return [unmeasured(ram), unmeasured(edited)]
+    out = [Target(ram, f"{kv.cold_ms / kv.ram_ms:.1f}x", kv.cold_ms / kv.ram_ms >= FROM_RAM_SPEEDUP)]
+    share = kv.edited_read_share
+    out.append(unmeasured(edited) if share is None else Target(edited, f"{100 * share:.0f} %", share <= EDITED_READ_SHARE))
+    if real := result_of(caching, "llama-server"):
+        measured = f"RAM {real.cold_ms / real.ram_ms:.1f}x faster than cold; re-reads {100 * (real.edited_read_share or 0):.0f} %"
+        out.append(info("prompt cache and cache reuse, llama-server (same requests)", measured))
+    return out
+
+
+SCENARIO = Scenario("kv-cache", run, section, targets)

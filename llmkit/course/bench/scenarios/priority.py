@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from tqdm import tqdm
 
-from llmkit.course.bench.config import Config
-from llmkit.course.bench.levels import ttft
+from llmkit.course import launch
+from llmkit.course.bench.config import PRIORITY_SERVERS, PRIORITY_SLOTS, Config
 from llmkit.course.bench.prompts import TEXTS
-from llmkit.course.bench.servers import OpenAIServer, http_client
+from llmkit.course.bench.scenario import Scenario, Stage
+from llmkit.course.bench.scenarios.levels import ttft
+from llmkit.course.bench.servers import OpenAIServer, http_client, server_flags
+from llmkit.course.bench.targets import Target, result_of, unmeasured
 
 if TYPE_CHECKING:
     import httpx
@@ -59,3 +65,61 @@ async def priority(server: OpenAIServer, slots: int, rounds: int, cfg: Config) -
     times = [t for t, _ in runs]
     summary = Priority(server.name, 1e3 * float(np.median(times)), 1e3 * max(times), preempted, 0, 0)
     return summary, [texts for _, texts in runs]
+
+
+# --- in a bench run: the scenario (``llmkit.course.bench.scenario``) --------------------
+
+
+def run(cfg: Config, stage: Stage) -> list[Priority]:
+    """Each of ``PRIORITY_SERVERS`` started alone with ``PRIORITY_SLOTS`` slots; the low answers compared with those of the
+    first (a server that never preempts)."""
+    flags = [*server_flags(cfg), "-np", str(PRIORITY_SLOTS), "-c", str(PRIORITY_SLOTS * cfg.ctx_per_slot), "--metrics"]
+    results, lows = [], []
+    for name, extra in tqdm(PRIORITY_SERVERS.items(), desc="priority", leave=False):
+        with launch.serve("slots", *flags, *extra) as p:
+            result, low = asyncio.run(priority(OpenAIServer(name, p.url), PRIORITY_SLOTS, cfg.priority_rounds, cfg))
+        results.append(result)
+        lows.append(low)
+    same = [sum(a == b for run, first in zip(low, lows[0], strict=True) for a, b in zip(run, first, strict=True)) for low in lows]
+    total = PRIORITY_SLOTS * cfg.priority_rounds
+    return [dataclasses.replace(r, low_same=n, low_total=total) for r, n in zip(results, same, strict=True)]
+
+
+def table(results: list[Priority]) -> str:
+    lines = ["| server | high-priority TTFT, median | max | preempted | low answers as without preemption |", "|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r.server} | {r.ttft_ms:.0f} ms | {r.ttft_max_ms:.0f} ms | {r.preempted} | {r.low_same} of {r.low_total} |")
+    return "\n".join(lines)
+
+
+def section(results: list[Priority], cfg: Config) -> str:
+    return (f"## Priority ({PRIORITY_SLOTS} slots busy with low-priority streams, a high-priority request comes; "
+            f"{cfg.priority_rounds} rounds)\n\n" + table(results))  # fmt: skip
+
+
+def targets(results: list[Priority] | None, cfg: Config) -> list[Target]:
+    return priority_targets(results or [])
+
+
+# A high-priority request that preempts gets its first token after its own prompt, where one that waits gets it after a
+# low-priority answer of 4 x max_tokens tokens has ended: at least 5 times sooner (both with the RAM copy of the preempted
+# KV and without it). And the preempted answers come out as without preemption (greedy).
+PREEMPTION_SPEEDUP = 5
+
+
+def priority_targets(results: Sequence[Priority]) -> list[Target]:
+    waits, *preempting = list(PRIORITY_SERVERS)
+    out = []
+    for name in preempting:
+        target = f"{name}: high-priority TTFT, waiting / preempting >= {PREEMPTION_SPEEDUP}x, preempted answers unchanged"
+        slow, fast = result_of(results, waits), result_of(results, name)
+        if slow is None or fast is None:
+            out.append(unmeasured(target))
+            continue
+        r = slow.ttft_ms / fast.ttft_ms
+        measured = f"{r:.1f}x, {fast.low_same} of {fast.low_total} unchanged, {fast.preempted} preempted"
+        out.append(Target(target, measured, r >= PREEMPTION_SPEEDUP and fast.low_same == fast.low_total and fast.preempted > 0))
+    return out
+
+
+SCENARIO = Scenario("priority", run, section, targets, wanted=lambda cfg: cfg.priority_rounds > 0 and "slots" not in cfg.skip)

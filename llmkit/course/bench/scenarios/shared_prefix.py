@@ -22,7 +22,6 @@ most half llama-server's time, and its aggregate tokens/s is at least 1.5 x llam
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import statistics
 from collections.abc import Sequence
@@ -34,7 +33,9 @@ from llmkit import models
 from llmkit.course import launch
 from llmkit.course.bench.config import Config
 from llmkit.course.bench.prompts import long_system_prompt
+from llmkit.course.bench.scenario import Scenario, Stage
 from llmkit.course.bench.servers import OpenAIServer, http_client, server_flags
+from llmkit.course.bench.targets import Target
 from llmkit.course.client import StreamResult
 from llmkit.course.trace import make_trace, replay, summarize
 from llmkit.engine.tokens import common_prefix
@@ -101,18 +102,25 @@ def least(model: Model, bodies: list[dict]) -> int:
     return common + sum(len(p) - common for p in prompts)
 
 
-def runs(cfg: Config) -> tuple[list[SharedPrefix], list[TraceRun]]:
+@dataclass(frozen=True)
+class SharedPrefixRuns:
+    """The scenario's results: every server at every burst size, and every server's replay of the trace."""
+
+    bursts: list[SharedPrefix]
+    trace: list[TraceRun]
+
+
+def run(cfg: Config, stage: Stage) -> SharedPrefixRuns:
     """The three servers started together: every burst size in every round, then the trace in every round, the servers
     in turn (rotated from round to round)."""
     n_max = max(cfg.shared_bursts, default=2)
     flags = [*server_flags(cfg), "-np", str(n_max), "-kvu", "-c", str(n_max * CTX_PER_CLIENT), "--metrics"]
     chosen = {name: spec for name, spec in SERVERS.items() if spec[0] not in cfg.skip}
     if not chosen or not (cfg.shared_bursts or cfg.shared_trace):
-        return [], []
-    with contextlib.ExitStack() as stack:
-        servers = {name: stack.enter_context(launch.serve(kind, *flags, *extra)) for name, (kind, extra) in chosen.items()}
-        clients = {name: OpenAIServer(name, p.url) for name, p in servers.items()}
-        return burst_runs(cfg, clients), trace_runs(cfg, clients)
+        return SharedPrefixRuns([], [])
+    servers = {name: stage.stack.enter_context(launch.serve(kind, *flags, *extra)) for name, (kind, extra) in chosen.items()}
+    clients = {name: OpenAIServer(name, p.url) for name, p in servers.items()}
+    return SharedPrefixRuns(burst_runs(cfg, clients), trace_runs(cfg, clients))
 
 
 def in_turn(names: list[str], r: int) -> list[str]:
@@ -187,21 +195,39 @@ SHARE_TTFT = 0.5  # --kv-share / llama-server: median first-token time, at most
 SHARE_TOKENS_PER_S = 1.5  # --kv-share / llama-server: aggregate tokens/s, at least
 
 
-def targets(results: Sequence[SharedPrefix]) -> list[tuple[str, str, bool | None]]:
-    """(target, measured, met) for each burst size: the three ratios above (None: a server was not measured)."""
-    out: list[tuple[str, str, bool | None]] = []
+def targets(runs: SharedPrefixRuns | None, cfg: Config) -> list[Target]:
+    """For each burst size: the three ratios above (a server not measured: its lines left out)."""
+    results = runs.bursts if runs is not None else []
+    out = []
     for n in sorted({s.clients for s in results}):
         share = next((s for s in results if s.server == "slots --kv-share" and s.clients == n), None)
         llama = next((s for s in results if s.server == "llama-server" and s.clients == n), None)
         if share is None:
             continue
         computed = share.prompt_tokens / share.once
-        out.append((f"slots --kv-share, {n} clients: prompt tokens computed <= {SHARE_COMPUTED}x the least", f"{computed:.2f}x",
-                    computed <= SHARE_COMPUTED))  # fmt: skip
+        out.append(Target(f"slots --kv-share, {n} clients: prompt tokens computed <= {SHARE_COMPUTED}x the least", f"{computed:.2f}x",
+                          computed <= SHARE_COMPUTED))  # fmt: skip
         if llama is None:
             continue
         ttft, rate = share.ttft_ms / llama.ttft_ms, share.tokens_per_s / llama.tokens_per_s
-        out.append((f"slots --kv-share / llama-server, {n} clients: median TTFT <= {SHARE_TTFT}x", f"{ttft:.2f}x", ttft <= SHARE_TTFT))
-        out.append((f"slots --kv-share / llama-server, {n} clients: tok/s >= {SHARE_TOKENS_PER_S}x", f"{rate:.2f}x",
-                    rate >= SHARE_TOKENS_PER_S))  # fmt: skip
+        name = f"slots --kv-share / llama-server, {n} clients: median TTFT <= {SHARE_TTFT}x"
+        out.append(Target(name, f"{ttft:.2f}x", ttft <= SHARE_TTFT))
+        out.append(Target(f"slots --kv-share / llama-server, {n} clients: tok/s >= {SHARE_TOKENS_PER_S}x", f"{rate:.2f}x",
+                          rate >= SHARE_TOKENS_PER_S))  # fmt: skip
     return out
+
+
+def section(runs: SharedPrefixRuns, cfg: Config) -> str:
+    """The bursts' table and the trace's, each if it ran."""
+    parts = []
+    if runs.bursts:
+        parts.append(f"## Shared prefix (a burst of clients, one ~{PREFIX_TOKENS}-token system prompt, {ANSWER_TOKENS}-token answers; "
+                     f"-np {max(cfg.shared_bursts)} -kvu on each server)\n\n" + table(runs.bursts))  # fmt: skip
+    if runs.trace:
+        parts.append(f"## Shared prefix, a trace on one server ({cfg.shared_trace} conversations of {TRACE_TURNS} turns over "
+                     f"{TRACE_TENANTS} tenants, {ANSWER_TOKENS}-token answers; medians of {cfg.rounds} rounds)\n\n"
+                     + trace_table(runs.trace))  # fmt: skip
+    return "\n\n".join(parts)
+
+
+SCENARIO = Scenario("shared-prefix", run, section, targets)

@@ -8,9 +8,12 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from llmkit.course.bench.config import Config
+from llmkit.course import launch
+from llmkit.course.bench.config import SOAK_CACHE_RAM_MIB, Config
 from llmkit.course.bench.prompts import TEXTS
-from llmkit.course.bench.servers import Server, http_client
+from llmkit.course.bench.scenario import Scenario, Stage
+from llmkit.course.bench.servers import OpenAIServer, Server, http_client, server_flags
+from llmkit.course.bench.targets import Target, unmeasured
 
 if TYPE_CHECKING:
     import httpx
@@ -75,3 +78,51 @@ async def soak(server: Server, cfg: Config, workers: int = 4) -> Soak:
         rss_peak_mb=max(rss_mb(pid)[1], *(s[1] for s in samples)),
         growth=last / first,
     )
+
+
+# --- in a bench run: the scenario (``llmkit.course.bench.scenario``) --------------------
+
+
+def run(cfg: Config, stage: Stage) -> Soak:
+    """A slot server of 4 slots and a small ``--cache-ram``: distinct prompts fill the prompt cache to its limit, then evict."""
+    with launch.serve("slots", "-np", "4", "-c", "8192", "--cache-ram", str(SOAK_CACHE_RAM_MIB), *server_flags(cfg)) as p:
+        return asyncio.run(soak(OpenAIServer("slots (4 x 2048)", p.url, pid=p.process.pid), cfg))
+
+
+def table(s: Soak) -> str:
+    samples = ", ".join(f"{n}: {mb:.0f}" for n, mb in s.samples)
+    return (
+        f"{s.server}, {s.requests} requests. RSS MB at start {s.rss_start_mb:.0f}, after the first "
+        f"{s.samples[1][0] if len(s.samples) > 1 else 0} {s.rss_first_mb:.0f}, last {s.rss_last_mb:.0f}, "
+        f"peak (VmHWM) {s.rss_peak_mb:.0f}.\nSamples (requests: MB): {samples}"
+    )
+
+
+def section(s: Soak, cfg: Config) -> str:
+    return f"## Soak (memory, --cache-ram {SOAK_CACHE_RAM_MIB})\n\n" + table(s)
+
+
+# No leak: once the first requests' one-time allocations are done, resident memory levels off; the last sample may be
+# at most 3 % above the first (allocator noise).
+GROWTH_LIMIT = 1.03
+
+
+# And all the soak's growth from the start stays within the prompt cache's limit (--cache-ram), plus 10 % for the
+# allocator's own overhead: the prompt cache is what is allowed to grow, up to its limit.
+OVER_CACHE_RAM = 1.1
+
+
+def targets(s: Soak | None, cfg: Config) -> list[Target]:
+    growth = f"slots RSS does not grow over the soak (last / first <= {GROWTH_LIMIT})"
+    bounded = f"slots RSS growth over the soak <= --cache-ram ({SOAK_CACHE_RAM_MIB} MiB) + {100 * (OVER_CACHE_RAM - 1):.0f} %"
+    if s is None:
+        return [unmeasured(growth), unmeasured(bounded)]
+    mb = f" ({s.rss_first_mb:.0f} -> {s.rss_last_mb:.0f} MB, peak {s.rss_peak_mb:.0f} MB)"
+    of_cache = (s.rss_last_mb - s.rss_start_mb) / SOAK_CACHE_RAM_MIB
+    return [
+        Target(growth, f"{s.growth:.3f}{mb}", s.growth <= GROWTH_LIMIT),
+        Target(bounded, f"{of_cache:.2f}x --cache-ram", of_cache <= OVER_CACHE_RAM),
+    ]
+
+
+SCENARIO = Scenario("soak", run, section, targets, wanted=lambda cfg: cfg.soak > 0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -11,10 +12,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
-from llmkit.course.bench.config import BenchError, Config
-from llmkit.course.bench.levels import python_share, rotated
+from llmkit.course import launch
+from llmkit.course.bench.config import SPEC_MODES, SPEC_SLOW_START, BenchError, Config, spec_mode
 from llmkit.course.bench.prompts import spec_prompts
-from llmkit.course.bench.servers import OpenAIServer, Server, http_client
+from llmkit.course.bench.scenario import Scenario, Stage
+from llmkit.course.bench.scenarios.levels import python_share, rotated
+from llmkit.course.bench.servers import OpenAIServer, Server, http_client, server_flags
+from llmkit.course.bench.targets import Target, info, percent, unmeasured
 
 if TYPE_CHECKING:
     import httpx
@@ -157,3 +161,116 @@ def speculation_summary(s: SpecServer, pairs: list[tuple[Completions, Completion
         answers=sum(len(b.answers) for _, b in pairs),
         python_share=float(np.median(shares)) if shares else None,
     )
+
+
+# --- in a bench run: the scenario (``llmkit.course.bench.scenario``) --------------------
+
+
+def run(cfg: Config, stage: Stage) -> list[Speculation]:
+    """The slot server with each --spec-type, without and with a slow start (speculation off per request for the
+    answers without), and llama-server without speculation and with each (unless skipped): all started here, side by
+    side, for the whole scenario."""
+    flags = [*server_flags(cfg), "-np", str(max(cfg.spec_streams)), "-c", str(max(cfg.spec_streams) * cfg.ctx_per_slot)]
+    servers: list[SpecServer] = []
+    with contextlib.ExitStack() as stack:
+        if "slots" not in cfg.skip:
+            for mode in SPEC_MODES:
+                for slow_start in (0, SPEC_SLOW_START):
+                    settings = ("--spec-type", mode, "--spec-slow-start", str(slow_start))
+                    url = stack.enter_context(launch.serve("slots", *flags, "--metrics", *settings)).url
+                    servers.append(SpecServer("slots", spec_mode(mode, slow_start), url, url, {"speculative.n_max": 0}))
+        if "llama-server" not in cfg.skip:
+            plain = stack.enter_context(launch.serve("llama-server", *flags)).url
+            for mode in SPEC_MODES:
+                url = stack.enter_context(launch.serve("llama-server", *flags, "--spec-type", mode)).url
+                servers.append(SpecServer("llama-server", mode, url, plain))
+        return asyncio.run(speculation(servers, cfg)) if servers else []
+
+
+def table(results: list[Speculation]) -> str:
+    head = ["server", "--spec-type", "prompts", "streams", "tok/s without", "tok/s with", "speedup", "range over rounds", "drafted",
+            "accepted", "acceptance", "same answer as without", "Python share of step"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        acceptance, share = percent(r.acceptance), percent(r.python_share, ".1f")
+        lines.append(f"| {r.server} | {r.mode} | {r.prompts} | {r.streams} | {r.plain_tokens_per_s:.1f} | {r.tokens_per_s:.1f} | "
+                     f"{r.speedup:.2f}x | {r.speedup_low:.2f}-{r.speedup_high:.2f} | {r.draft_n} | {r.draft_n_accepted} | {acceptance} | "
+                     f"{r.same_answers} of {r.answers} | {share} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def section(results: list[Speculation], cfg: Config) -> str:
+    return (
+        f"## Speculative decoding without a draft model ({cfg.max_tokens} tokens per answer, median of {cfg.rounds} "
+        f"round{'s' * (cfg.rounds > 1)})\n\n"
+        "Native /completion, greedy, ignore_eos, no cached prompt; at n streams, n clients each send every prompt of the kind "
+        "in turn. Copy: a source file's copy begun after it, a JSON document to rewrite, a paragraph to quote; free: a story, "
+        "an essay. The slot server is started once per --spec-type and answers without speculation when a request says "
+        '"speculative.n_max": 0; llama-server (speculation per server only) is started without it and once per mode. '
+        "Speedup: tok/s with / without, measured back to back in each round, the median of the rounds. Same answer: the "
+        "speculative answers equal to the same server's without speculation (same prompt, level and round; batch numerics "
+        "can tip a greedy choice).\n\n" + table(results)
+    )
+
+
+# Speculation where answers repeat their prompt: the slot server's speedup (its best --spec-type) at least llama-server's
+# (its best ngram mode) at 1 stream, each against the same server without speculation, on the same prompts ...
+SPEC_OVER_LLAMA_SERVER = 1.0
+
+
+# ... and a gain at more streams, where a step's batch holds every stream's drafts (the step costs more, and fewer
+# steps are saved) ...
+SPEC_GAIN = 1.0
+
+
+# ... while on free text (few drafts, mostly cut) every mode with the slow start costs at most 3 % of the tok/s without
+# speculation (without it, as llama-server, a long draft cut at once costs ~20 one-token steps: shown, not judged).
+SPEC_FREE_TEXT = 0.97
+
+
+def targets(results: list[Speculation] | None, cfg: Config) -> list[Target]:
+    """Copy-heavy prompts: the slot server's best speedup against llama-server's best at the first level, above 1 at the
+    others; free text: each mode of the slot server with its slow start against no speculation; same answers and
+    acceptance for information."""
+    if results is None:  # not run: no line
+        return []
+    at = {(r.server, r.mode, r.prompts, r.streams): r for r in results}
+
+    def best(server: str, kind: str, n: int) -> Speculation | None:
+        mine = [r for r in results if (r.server, r.prompts, r.streams) == (server, kind, n)]
+        return max(mine, key=lambda r: r.speedup, default=None)
+
+    def streams(n: int) -> str:
+        return f"{n} stream{'s' * (n > 1)}"
+
+    first, *others = cfg.spec_streams
+    name = (
+        f"slots speculation speedup on copy-heavy prompts >= {SPEC_OVER_LLAMA_SERVER}x llama-server's, best mode of each ({streams(first)})"
+    )
+    ours, real = best("slots", "copy", first), best("llama-server", "copy", first)
+    if ours and real:
+        ratio = ours.speedup / real.speedup
+        shown = f"{ratio:.2f}x ({ours.mode} {ours.speedup:.2f}x, llama-server {real.mode} {real.speedup:.2f}x)"
+        out = [Target(name, shown, ratio >= SPEC_OVER_LLAMA_SERVER)]
+    else:
+        out = [unmeasured(name)]
+    for n in others:
+        name = f"slots speculation speedup on copy-heavy prompts > {SPEC_GAIN}x, best mode ({streams(n)})"
+        ours = best("slots", "copy", n)
+        out.append(Target(name, f"{ours.speedup:.2f}x ({ours.mode})", ours.speedup > SPEC_GAIN) if ours else unmeasured(name))
+    for n in cfg.spec_streams:
+        for mode in (spec_mode(m, SPEC_SLOW_START) for m in SPEC_MODES):
+            name = f"slots {mode} on free text: tok/s >= {SPEC_FREE_TEXT}x without speculation ({streams(n)})"
+            if (free := at.get(("slots", mode, "free", n))) is None:
+                out.append(unmeasured(name))
+                continue
+            shown = f"{free.speedup:.3f}x (rounds {free.speedup_low:.2f}-{free.speedup_high:.2f})"
+            out.append(Target(name, shown, free.speedup >= SPEC_FREE_TEXT))
+    for server, mode in dict.fromkeys((r.server, r.mode) for r in results):
+        mine = [r for r in results if (r.server, r.mode) == (server, mode)]
+        shown = "; ".join(f"{r.prompts} x{r.streams}: {r.same_answers}/{r.answers}, {percent(r.acceptance)}" for r in mine)
+        out.append(info(f"{server} {mode}: answers same as without speculation, draft acceptance", shown))
+    return out
+
+
+SCENARIO = Scenario("speculation", run, section, targets, wanted=lambda cfg: bool(cfg.spec_streams))

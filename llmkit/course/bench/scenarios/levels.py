@@ -15,9 +15,11 @@ import numpy as np
 from tqdm import tqdm
 
 from llmkit import models
-from llmkit.course.bench.config import RAW, Config
+from llmkit.course.bench.config import NO_BUDGET, RAW, Config
 from llmkit.course.bench.prompts import TEXTS, chat_prompt
+from llmkit.course.bench.scenario import Scenario, Stage
 from llmkit.course.bench.servers import Server, http_client
+from llmkit.course.bench.targets import Target, fmt, info, percent, unmeasured
 from llmkit.course.client import StreamResult
 
 if TYPE_CHECKING:
@@ -198,3 +200,139 @@ class RawDecoder:
         self.batch.close()
         self.ctx.close()
         self.model.close()
+
+
+# --- in a bench run: the scenario (``llmkit.course.bench.scenario``) --------------------
+
+
+def run(cfg: Config, stage: Stage) -> list[Row]:
+    """Every server started together, and the raw loop (unless skipped), at every level."""
+    raw = RawDecoder(cfg) if "raw" not in cfg.skip else None
+    try:
+        return asyncio.run(all_levels(stage.servers, raw, cfg))
+    finally:
+        if raw is not None:
+            raw.close()
+
+
+Levels = dict[tuple[str, int], Row]  # (server, concurrent streams) -> its row
+
+
+def table(rows: list[Row]) -> str:
+    columns = ["server", "streams", "tokens", "wall s", "aggregate tok/s", "TTFT median ms", "TTFT p90 ms",
+               "per-stream tok/s", "busy slots/decode", "Python share of step"]  # fmt: skip
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        share = percent(r.python_share, ".1f")
+        lines.append(
+            f"| {r.server} | {r.concurrency} | {r.tokens} | {r.seconds:.2f} | {r.tokens_per_s:.1f} | {fmt(r.ttft_median_ms)} | "
+            f"{fmt(r.ttft_p90_ms)} | {fmt(r.stream_tokens_per_s, '.1f')} | {fmt(r.busy_slots_per_decode, '.2f')} | {share} |"
+        )
+    return "\n".join(lines)
+
+
+def section(rows: list[Row], cfg: Config) -> str:
+    return "## Throughput and latency\n\n" + table(rows)
+
+
+def targets(rows: list[Row] | None, cfg: Config) -> list[Target]:
+    """Batching against the sequential server, the engine limit, Python's share and llama-server at every level, the
+    step budget's cost; the slot server against the production server(s) for information."""
+    at: Levels = {(r.server, r.concurrency): r for r in rows or []}
+    n = max(cfg.concurrency)
+    return [
+        batching_target(at, n),
+        raw_decode_target(at, n),
+        *(t for level in cfg.concurrency for t in (python_share_target(at, level), llama_server_target(at, level))),
+        budget_target(at, n),
+        *production_info(at, n),
+    ]
+
+
+# Continuous batching: n streams share each decode step, so the slot server must give at least twice the aggregate
+# tok/s of the sequential server (one stream at a time) at the top level; the raw loop shows what batching can give here.
+OVER_SEQUENTIAL = 2.0
+
+
+def batching_target(at: Levels, n: int) -> Target:
+    name = f"slots aggregate tok/s >= {OVER_SEQUENTIAL}x sequential ({n} streams)"
+    slots, seq = at.get(("slots", n)), at.get(("sequential", n))
+    if not slots or not seq:
+        return unmeasured(name)
+    r = slots.tokens_per_s / seq.tokens_per_s
+    note = ""
+    if (raw := at.get((RAW, n))) and (raw1 := at.get((RAW, 1))):  # the most batching can give on this machine, these prompts
+        note = f" (headroom here: raw loop {n} sequences / 1 = {raw.tokens_per_s / raw1.tokens_per_s:.2f}x)"
+    return Target(name, f"{r:.2f}x{note}", r >= OVER_SEQUENTIAL)
+
+
+# The server around llama.cpp (HTTP, streaming, scheduling in Python) may cost at most 3 % of the throughput of a plain
+# loop decoding the same prompts and tokens in one batch per step (``RawDecoder``): the engine limit.
+OF_RAW_DECODE = 0.97
+
+
+def raw_decode_target(at: Levels, n: int) -> Target:
+    name = f"slots aggregate tok/s >= {100 * OF_RAW_DECODE:.0f} % of raw batched decode, same prompts and tokens ({n} sequences)"
+    slots, raw = at.get(("slots", n)), at.get((RAW, n))
+    if not slots or not raw:
+        return unmeasured(name)
+    r = slots.tokens_per_s / raw.tokens_per_s
+    note = ""
+    if slots.stream_tokens_per_s and raw.stream_tokens_per_s:  # the decode phase alone, prompts read
+        note = f" (decode phase alone, per stream: {100 * slots.stream_tokens_per_s / raw.stream_tokens_per_s:.0f} %)"
+    return Target(name, f"{100 * r:.0f} %{note}", r >= OF_RAW_DECODE)
+
+
+# Everything in a step but llama_decode (building the batch, sampling, handing out tokens: Python's part) must stay under
+# 3 % of the step time (from the slot server's /metrics): a step's time should be llama.cpp's.
+PYTHON_SHARE = 0.03
+
+
+def python_share_target(at: Levels, level: int) -> Target:
+    name = f"Python share of slot-server step time < {100 * PYTHON_SHARE:.0f} % ({level} streams)"
+    slots = at.get(("slots", level))
+    if not slots or slots.python_share is None:
+        return unmeasured(name)
+    return Target(name, f"{100 * slots.python_share:.1f} %", slots.python_share < PYTHON_SHARE)
+
+
+# Level with llama-server (the C++ server, built from the same llama.cpp, same flags): at most 5 % behind at every level.
+OF_LLAMA_SERVER = 0.95
+
+
+def llama_server_target(at: Levels, level: int) -> Target:
+    name = f"slots aggregate tok/s level with llama-server, >= {OF_LLAMA_SERVER}x ({level} streams)"
+    slots, real = at.get(("slots", level)), at.get(("llama-server", level))
+    if not slots or not real:
+        return unmeasured(name)
+    r = slots.tokens_per_s / real.tokens_per_s
+    return Target(name, f"{r:.2f}x", r >= OF_LLAMA_SERVER)
+
+
+# The step budget (prompts read in chunks beside running streams) may cost at most 5 % of the throughput at the top level.
+BUDGET_COST = 0.95
+
+
+def budget_target(at: Levels, n: int) -> Target:
+    name = f"slots aggregate tok/s with the step budget >= {BUDGET_COST}x without it ({n} streams)"
+    slots, plain = at.get(("slots", n)), at.get((NO_BUDGET, n))
+    if not slots or not plain:
+        return unmeasured(name)
+    r = slots.tokens_per_s / plain.tokens_per_s
+    return Target(name, f"{r:.2f}x", r >= BUDGET_COST)
+
+
+def production_info(at: Levels, n: int) -> list[Target]:
+    """For information: the slot server against the production server(s) on the same prompts, at the top level."""
+    slots = at.get(("slots", n))
+    others = [s for s in dict.fromkeys(server for server, _ in at) if s not in ("sequential", "slots", NO_BUDGET, RAW)]
+    out = []
+    for other in others:
+        if slots and (o := at.get((other, n))):
+            ttft = f"{slots.ttft_median_ms / o.ttft_median_ms:.2f}x" if slots.ttft_median_ms and o.ttft_median_ms else "n/a"
+            ratios = f"{slots.tokens_per_s / o.tokens_per_s:.2f}x, {ttft}"
+            out.append(info(f"slots / {other}: aggregate tok/s, median TTFT ({n} streams)", ratios))
+    return out
+
+
+SCENARIO = Scenario("levels", run, section, targets, shared=True)
