@@ -26,6 +26,7 @@ from llmkit.engine.sharing import prefix_donor, waits_for_cells
 from llmkit.engine.slot import Slot
 from llmkit.engine.status import Cells
 from llmkit.engine.steps import Counters
+from llmkit.engine.tokens import common_prefix
 from llmkit.llama import KVCacheFullError
 
 
@@ -292,3 +293,18 @@ def test_requests_at_random_never_fail_for_want_of_cells_a_resident_prefix_held(
         served.step()
     served.run(*[r for r in requests if not r.cancelled])
     assert served.scheduler.counters.prompt_tokens_shared_total > 0
+
+
+def test_common_prefix_is_the_length_a_loop_over_the_tokens_finds():
+    def loop(a: list[int], b: list[int]) -> int:  # server_tokens::get_common_prefix's way
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        a = [rng.randrange(3) for _ in range(rng.randrange(200))]
+        b = a[: rng.randrange(len(a) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(200))]
+        assert common_prefix(a, b) == loop(a, b) == common_prefix(b, a)
+    assert common_prefix([], [1]) == 0 and common_prefix([1] * 100, [1] * 100) == 100
