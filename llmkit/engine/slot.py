@@ -159,8 +159,7 @@ class Slot:
     def load_prompt(self, cache: PromptCache, ctx: KVMemory, tokens: list[int]) -> None:
         restored = cache.load(ctx, self.id, self.cache_tokens, tokens)
         if restored is not None:
-            self.changed(0)
-            self.cache_tokens, self.cells, self.n_shared = restored, new_cells(len(restored)), 0
+            self.replaced(restored)
             self.n_restored += 1
 
     def load_cells(self, ctx: KVMemory, tokens: list[int], cells: mmap.mmap | bytearray) -> bool:
@@ -169,9 +168,13 @@ class Slot:
         if not ctx.set_seq_state(self.id, cells):
             self.clear_prompt(ctx)
             return False
+        self.replaced(tokens)
+        return True
+
+    def replaced(self, tokens: list[int]) -> None:
+        """The sequence's cells were replaced by a copy that holds ``tokens`` (from RAM, or from another context)."""
         self.changed(0)
         self.cache_tokens, self.cells, self.n_shared = list(tokens), new_cells(len(tokens)), 0
-        return True
 
     def clear_prompt(self, ctx: KVMemory) -> None:
         ctx.seq_rm(self.id, 0, -1)
