@@ -44,7 +44,7 @@ def q1(smallest_shared) -> str:
     rule = expect.function("smallest_shared", smallest_shared, 1)
     lengths = (100, 150, 37, 1, 9, 10, 11, 20, 255, 1000, 4001)  # the notebook's three first, then ones it never tried
     for n in lengths:
-        yours = call(rule, n, case=tr("a prompt of {n} tokens", n=n))
+        yours = call(rule, n, case=tr("a {n}-token prompt", n=n))
         expect.whole_number(tr("smallest_shared({n})", n=n), yours)
         if yours != smallest_kept(n):
             side = (
@@ -52,7 +52,7 @@ def q1(smallest_shared) -> str:
                 if yours > smallest_kept(n)
                 else tr("too few: choose_slot passes the slot by")
             )
-            raise Wrong(tr("for a prompt of {n} tokens, yours says {k} shared tokens: {side}", n=n, k=yours, side=side))
+            raise Wrong(tr("for a {n}-token prompt, yours says {k} shared tokens: {side}", n=n, k=yours, side=side))
     return tr("right for all {n} prompt lengths, from 1 to {longest} tokens (choose_slot, live)", n=len(lengths), longest=max(lengths))
 
 

@@ -108,7 +108,8 @@ def text(chapters: Sequence[Chapter]) -> str:
     done, total = sum(r[1] for r in rows), sum(r[2] for r in rows)
     lines = table([(n, f"{d}/{t}", marks) for n, d, t, marks in rows], headers=(tr("chapter"), tr("done"), tr("exercises")), align=">>")
     legend = tr("✓ done, ✗ tried and not passed yet, · not tried")
-    return f"{lines}\n{tr('{done} of {total} exercises done', done=done, total=total)} ({legend}; {store_path()})"
+    line = tr("{done} of {total} exercises done ({legend}; {path})", done=done, total=total, legend=legend, path=store_path())
+    return f"{lines}\n{line}"
 
 
 CELL = 'style="padding:0.1em 0.6em; text-align:left"'

@@ -67,7 +67,8 @@ def function(name: str, value: Any, n_args: int) -> Any:
     try:
         inspect.signature(value).bind(*range(n_args))
     except TypeError:
-        raise Wrong(tr("{name} should take {n} arguments", name=name, n=n_args)) from None
+        many = tr("{name} should take {n} arguments", name=name, n=n_args)
+        raise Wrong(tr("{name} should take one argument", name=name) if n_args == 1 else many) from None
     except ValueError:  # a builtin without a signature: let the call decide
         pass
     return value
