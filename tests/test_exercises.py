@@ -287,11 +287,23 @@ def test_chapter_4_exercise_1_the_steps_of_a_chunked_prompt():
     assert "adds up to 290" in ex.verdict([62, 62, 62, 62, 42], [300]).message
 
 
+def test_chapter_4_exercise_4_a_policy_without_the_methods_the_engine_calls_is_told_which():
+    class Duck:  # orders right, but is no LlamaServerPolicy: the engine would call choose_slot and victim too
+        def order(self, waiting, slots):
+            return sorted(waiting, key=lambda r: r.params.max_tokens if r.params.max_tokens >= 0 else float("inf"))
+
+        def prompt_order(self, reading):
+            return list(reading)
+
+    verdict = exercises.chapter(4).q4.verdict(Duck)
+    assert verdict.status == FAIL and "choose_slot" in verdict.message and "LlamaServerPolicy" in verdict.message
+
+
 def test_chapter_5_exercise_1_the_smallest_shared_prefix():
     ex = exercises.chapter(5).q1
     solution = answers_of(ex, {"choose_slot": choose_slot, "Slot": ch05.Slot, "RequestParams": ch05.RequestParams})
     verdict = verdicts(ex, solution, (lambda n: n // 10,), ["11"])  # ">= 10 %" where llama-server says "> 10 %"
-    assert "100 tokens" in verdict.message and "too few" in verdict.message
+    assert "100-token" in verdict.message and "too few" in verdict.message
 
 
 def test_chapter_9_exercise_3_what_a_step_keeps_after_an_end_of_generation():

@@ -155,6 +155,9 @@ PROMPT_CASES = [("three prompts, the last asks least", (30, 20, 10)), ("a tie an
 
 
 def check_policy(policy: Any) -> None:
+    missing = [name for name in ("order", "prompt_order", "choose_slot", "victim") if not callable(getattr(policy, name, None))]
+    if missing:  # the engine calls all four (GuardedPolicy): say so before it fails on one
+        raise Wrong(tr("your policy has no {methods}, which the engine calls: subclass LlamaServerPolicy", methods=tr(", ").join(missing)))
     reference = ReferenceFewTokensFirst()
     for case, limits in ORDER_CASES:
         waiting = asking(*limits)
