@@ -336,6 +336,8 @@ def test_the_hidden_cases_of_the_code_checks_that_plug_into_the_engine():
     ch08.check_matcher(StopMatcher)
     with pytest.raises(Wrong, match="split over three pieces"):
         ch08.check_matcher(wrong.ReleasesAtOnce)
+    with pytest.raises(Wrong, match="the stream stalls"):
+        ch08.check_matcher(wrong.NeverStreams)  # the right text in the end, all of it at the stop or the flush (the learner's D15)
     ch09.check_drafts(ch09.ReferenceLookup)
     with pytest.raises(Wrong, match="two matches: the later one"):
         ch09.check_drafts(wrong.LookupInEverything)

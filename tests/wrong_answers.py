@@ -115,6 +115,28 @@ class ReleasesAtOnce(StopMatcher):
         return text
 
 
+class NeverStreams(StopMatcher):
+    """Right text in the end, but holds every piece back until the stop string or the flush: a stream that stalls."""
+
+    def __init__(self, stops):
+        super().__init__(stops)
+        self.kept = ""
+
+    def push(self, text):
+        if self.stopped:
+            return ""
+        out = super().push(text)
+        if self.stopped:
+            out, self.kept = self.kept + out, ""
+            return out
+        self.kept += out
+        return ""
+
+    def flush(self):
+        out, self.kept = self.kept + super().flush(), ""
+        return out
+
+
 class LookupInEverything(ch09.ReferenceLookup):
     """Looks the pattern up anywhere but returns the earliest match: not prompt lookup's latest."""
 

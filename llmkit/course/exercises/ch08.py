@@ -170,11 +170,15 @@ def check_matcher(make: Callable[[list[str]], Any]) -> None:
             raise Wrong(tr("{case}: the text released differs: yours {yours!r}", case=case, yours="".join(pushed) + flushed))
         if stopped != expected[2] or word != expected[3]:
             raise Wrong(tr("{case}: stopped={stopped}, word={word!r} in yours: not what happened", case=case, stopped=stopped, word=word))
-        for k in range(1, len(pieces) + 1):  # released so far: never more than is safe (held back longer is allowed)
+        window = max((len(s) for s in stops), default=1) - 1  # the most a stop string not yet whole can have started in
+        for k in range(1, len(pieces) + 1):  # released so far: never more than is safe, nor held back beyond the window
             released, safe = "".join(pushed[:k]), "".join(expected[0][:k])
             if not safe.startswith(released):
                 raise Wrong(tr("{case}: after push {k} yours had released {yours!r}: text that could still be part of a stop string",
                                case=case, k=k, yours=released))  # fmt: skip
+            if len(released) < len(safe) - window:
+                raise Wrong(tr("{case}: after push {k} yours still held back {held!r}: more than a stop string could start in, "
+                               "so the stream stalls", case=case, k=k, held=safe[len(released) :]))  # fmt: skip
 
 
 STOP_REQUESTS = [("Count from one to twenty in words: one, two, three,", [" seven", "ten"]),
