@@ -1,18 +1,22 @@
-"""Disaggregated prefill and decode (vllm-router's PD mode over two slot servers at -t 1) beside one co-located slot
-server at -t 2, the same two cores: what moves between the workers, and what a running stream feels while long
-prompts arrive (issue 29, item 4).
+"""Disaggregated prefill and decode (vllm-router's PD mode over two slot servers at -t 1) against co-located serving on
+the same two cores: one slot server at -t 2, the same with a small step budget (``--step-tokens``: llmkit's stall-free
+batching, the "chunked prefill with a proper chunk size" vLLM's disagg_prefill doc names as the other cure), and two
+co-located replicas at -t 1 behind round_robin. What moves between the workers, what a running stream feels while long
+prompts arrive, and what each setup serves (issue 29, item 4; issue 39, item 3).
 
-    python scripts/pd_measure.py                          # 3 rounds, 3 long prompts of ~1,500 tokens a round
+    python scripts/pd_measure.py                          # 3 rounds, 3 long prompts of ~1,500 tokens a round, 4 setups
     python scripts/pd_measure.py --rounds 5 --words 2000 --n-long 4
-    python scripts/pd_measure.py --colocated-threads 2 1         # the co-located server at -t 2, and at -t 1
+    python scripts/pd_measure.py --setups pd "co-located -t 1"      # the half-hardware baseline of the chapter's first draft
 
 1. The transfer, on the PD pair: a long prompt prefilled on P with ``kv_transfer_params`` (as the router sends it),
    then ``GET /kv_handoff/{id}`` timed from here: bytes per prompt token, ms, MB/s (loopback: one machine).
 2. The gaps: a stream runs (at most ``--tokens`` tokens); after its 10th token, ``--n-long`` long prompts (distinct, each
    ``max_tokens`` 4) arrive ``--spacing`` s apart. The stream's inter-token gaps from the first long prompt's
-   arrival to the last one's first token (p50, p99, max), and the long prompts' TTFT, for each setup:
-   ``co-located`` (one server, ``-t 2``) and ``pd`` (the router in front of P and D, ``-t 1`` each).
-Rounds alternate the setups (A B A B ...), so the machine's noise hits both alike; medians over rounds are shown.
+   arrival to the last one's first token (p50, p99, max), its tokens/s over that window, and the long prompts' TTFT.
+3. The throughput: ``--n-load`` requests of ``--load-words`` words and ``--load-tokens`` tokens each, sent at once:
+   tokens generated a second from the first send to the last answer (vLLM's doc: PD "DOES NOT improve throughput").
+Rounds rotate the setups' order (A B C D, B C D A, ...), so the machine's noise hits them alike; each cell is the
+median over rounds with its range [min-max]: a difference inside the ranges is not one.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import json
 import random
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 
@@ -42,12 +48,9 @@ def long_prompt(seed: int, n_words: int) -> list[dict]:
 
 
 @contextlib.contextmanager
-def colocated(threads: int) -> Iterator[str]:
-    server = launch.start("slots", "-t", str(threads), *SERVER_FLAGS)
-    try:
+def colocated(threads: int, *flags: str) -> Iterator[str]:
+    with launch.serve("slots", "-t", str(threads), *SERVER_FLAGS, *flags) as server:
         yield server.url
-    finally:
-        server.stop()
 
 
 @contextlib.contextmanager
@@ -55,6 +58,31 @@ def disaggregated() -> Iterator[tuple[str, str]]:
     """The router's URL and the prefill worker's."""
     with fleet.start(2, "slots", "round_robin", flags=SERVER_FLAGS, pd=True) as f:
         yield f.url, f.replicas[0].url
+
+
+@contextlib.contextmanager
+def replicated(n: int = 2) -> Iterator[str]:
+    """``n`` co-located replicas at -t 1 behind round_robin: the PD pair's processes and cores, each doing both jobs."""
+    with fleet.start(n, "slots", "round_robin", flags=SERVER_FLAGS) as f:
+        yield f.url
+
+
+@contextlib.contextmanager
+def pd_router() -> Iterator[str]:
+    with disaggregated() as (url, _):
+        yield url
+
+
+METRICS = ("gap_p50", "gap_p99", "gap_max", "ttft", "stream_tok_s", "tok_s")
+SMALL_BUDGET = ("--step-tokens", "32")  # a quarter of the default 128: a step's prompt chunk costs ~0.15 s at -t 1, not ~0.6
+SETUPS: dict[str, Callable[[], contextlib.AbstractContextManager[str]]] = {  # two cores' worth of each
+    "pd (-t 1 + -t 1)": pd_router,
+    "co-located -t 2": lambda: colocated(2),
+    "co-located -t 2, step 32": lambda: colocated(2, *SMALL_BUDGET),
+    "2 replicas -t 1, round_robin": replicated,
+    "co-located -t 1": lambda: colocated(1),  # half the hardware: not in the default rounds
+}
+EQUAL_HARDWARE = tuple(name for name in SETUPS if name != "co-located -t 1")
 
 
 def transfer(prefill_url: str, n_words: int, seed: int) -> dict:
@@ -99,12 +127,44 @@ async def under_long_prompts(url: str, args: argparse.Namespace, seed: int) -> d
     t_end = max(r.t_sent + r.ttft for r in longs)
     gaps = [(b - a) * 1e3 for a, b in itertools.pairwise(arrivals) if b >= t_first_long and a <= t_end]
     return {"gap_p50": statistics.median(gaps), "gap_p99": quantile(gaps, 0.99), "gap_max": max(gaps),
-            "ttft": statistics.median(r.ttft for r in longs) * 1e3, "n_gaps": len(gaps)}  # fmt: skip
+            "ttft": statistics.median(r.ttft for r in longs) * 1e3, "n_gaps": len(gaps),
+            "stream_tok_s": len(gaps) / (t_end - t_first_long)}  # fmt: skip
+
+
+async def throughput(url: str, n: int, words: int, tokens: int, seed: int) -> float:
+    """``n`` requests of a ``words``-word prompt and ``tokens`` tokens each, sent at once: tokens generated a second."""
+    async with httpx.AsyncClient(timeout=900) as client:
+        t0 = time.perf_counter()
+        answers = await asyncio.gather(*(client.post(f"{url}/v1/chat/completions", json={
+            "model": "m", "messages": long_prompt(seed * 100 + i, words), "max_tokens": tokens, "ignore_eos": True,
+            "temperature": 0}) for i in range(n)))  # fmt: skip
+        seconds = time.perf_counter() - t0
+    return sum(a.raise_for_status().json()["usage"]["completion_tokens"] for a in answers) / seconds
 
 
 def quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def spread(values: list[float], digits: int = 0) -> str:
+    """The median and the range over rounds: ``1,234 [1,100-1,300]``."""
+    return f"{statistics.median(values):,.{digits}f} [{min(values):,.{digits}f}-{max(values):,.{digits}f}]"
+
+
+def measure(name: str, args: argparse.Namespace, seed: int, transfers: list[dict]) -> dict:
+    """One round of one setup: the gaps under long prompts, then the throughput (and the transfer, on the PD pair)."""
+    if name == "pd (-t 1 + -t 1)":
+        with disaggregated() as (url, prefill_url):
+            transfers.append(transfer(prefill_url, args.words, seed=1000 + seed))
+            return run_both(url, args, seed)
+    with SETUPS[name]() as url:
+        return run_both(url, args, seed)
+
+
+def run_both(url: str, args: argparse.Namespace, seed: int) -> dict:
+    gaps = asyncio.run(under_long_prompts(url, args, seed))
+    return gaps | {"tok_s": asyncio.run(throughput(url, args.n_load, args.load_words, args.load_tokens, seed))}
 
 
 def main() -> None:
@@ -114,23 +174,29 @@ def main() -> None:
     parser.add_argument("--n-long", type=int, default=3)
     parser.add_argument("--spacing", type=float, default=0.5)
     parser.add_argument("--tokens", type=int, default=2000, help="the running stream's longest length (cut once the long prompts answer)")
-    parser.add_argument("--colocated-threads", type=int, nargs="+", default=[2], help="-t of the co-located server (several: a row each)")
+    parser.add_argument("--n-load", type=int, default=4, help="requests sent at once for the throughput")
+    parser.add_argument("--load-words", type=int, default=200)
+    parser.add_argument("--load-tokens", type=int, default=64)
+    parser.add_argument("--setups", nargs="+", default=list(EQUAL_HARDWARE), choices=list(SETUPS))
+    parser.add_argument("--json", help="also write every round's numbers here")
     args = parser.parse_args()
-    rows: dict[str, list[dict]] = {f"co-located -t {t}": [] for t in args.colocated_threads} | {"pd (-t 1 + -t 1)": []}
-    transfers = []
+    rows: dict[str, list[dict]] = {name: [] for name in args.setups}
+    transfers: list[dict] = []
     for r in range(args.rounds):
-        for threads in args.colocated_threads:
-            with colocated(threads) as url:
-                rows[f"co-located -t {threads}"].append(asyncio.run(under_long_prompts(url, args, seed=r + 1)))
-        with disaggregated() as (url, prefill_url):
-            rows["pd (-t 1 + -t 1)"].append(asyncio.run(under_long_prompts(url, args, seed=r + 1)))
-            transfers.append(transfer(prefill_url, args.words, seed=1000 + r))
-        print(f"round {r + 1}: " + "  ".join(f"{k} {v[-1]}" for k, v in rows.items()), flush=True)
-    print(f"\ntransfer (loopback), median of {len(transfers)}: " + ", ".join(
-        f"{k} {statistics.median(t[k] for t in transfers):,.1f}" for k in ("tokens", "bytes_per_token", "ms", "mb_per_s")))  # fmt: skip
+        for name in args.setups[r % len(args.setups) :] + args.setups[: r % len(args.setups)]:
+            rows[name].append(measure(name, args, r + 1, transfers))
+            print(f"round {r + 1}: {name}: {rows[name][-1]}", flush=True)
+    if transfers:
+        print(f"\ntransfer (loopback), median of {len(transfers)}: " + ", ".join(
+            f"{k} {statistics.median(t[k] for t in transfers):,.1f}" for k in ("tokens", "bytes_per_token", "ms", "mb_per_s")))  # fmt: skip
+    head = "gap p50 ms | gap p99 ms | gap max ms | long TTFT ms | stream tok/s"
+    print(f"\n| setup (median [range] of {args.rounds} rounds) | {head} | tok/s at {args.n_load} |")
+    print("|---|---|---|---|---|---|---|")
     for name, results in rows.items():
-        cells = ", ".join(f"{k} {statistics.median(x[k] for x in results):,.0f}" for k in ("gap_p50", "gap_p99", "gap_max", "ttft"))
-        print(f"{name:<17} (ms, median of {len(results)} rounds): {cells}")
+        cells = [spread([x[k] for x in results], 1 if k.endswith("tok_s") else 0) for k in METRICS]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows, "transfers": transfers}, indent=1))
 
 
 if __name__ == "__main__":

@@ -8,9 +8,10 @@ from dataclasses import replace
 import pytest
 
 from llmkit.course.sim.capacity import replicas_for_slo
-from llmkit.course.sim.cost import CALIBRATION, GpuLikeCost, Point, StepCost, fit, pairs
+from llmkit.course.sim.check import Background, check_runs
+from llmkit.course.sim.cost import CALIBRATION, SERVER_STEP, GpuLikeCost, Point, StepCost, fit, pairs
 from llmkit.course.sim.router import BLOCK, HeldBlocks, RadixTree, block_keys
-from llmkit.course.sim.run import Answers, chat_tokens, simulate
+from llmkit.course.sim.run import LATENCY, Answers, answer_lengths, chat_tokens, simulate
 from llmkit.course.trace import make_trace
 from llmkit.engine import RequestParams
 
@@ -66,6 +67,52 @@ def test_shared_cores_slow_replicas_that_step_at_once():
     trace = make_trace(seed=3, conversations=16, rate=1.0)
     alone, shared = (simulate(trace, 3, "round_robin", cost=COST, cores=c).summary for c in (None, 1))
     assert shared.ttft_p50 > 1.3 * alone.ttft_p50
+
+
+def test_a_measured_share_of_a_core_slows_every_step_by_its_inverse():
+    trace = make_trace(seed=3, conversations=6, turns=1, rate=0.05)  # far apart: no queue, each TTFT one prompt's steps
+    alone, half = (simulate(trace, 1, "round_robin", cost=COST, cores=2, background=9, share=s, render=0).records for s in (1.0, 0.5))
+    assert [r.ttft - LATENCY for r in half] == pytest.approx([2 * (r.ttft - LATENCY) for r in alone])
+    assert [r.conversation for r in half] == [r.conversation for r in alone] == list(range(6))
+
+
+def test_a_prefix_aware_router_waits_for_every_workers_render_first():
+    trace = make_trace(seed=3, conversations=1, turns=1)
+    ttft = {p: simulate(trace, 3, p, cost=COST, render=0.25).records[0].ttft for p in ("round_robin", "cache_aware", "kv_aware")}
+    assert ttft["cache_aware"] == ttft["kv_aware"] == pytest.approx(ttft["round_robin"] + 0.25)
+    on_two_cores = simulate(trace, 3, "cache_aware", cost=COST, cores=2, render=0.25).records[0].ttft
+    assert on_two_cores == pytest.approx(ttft["round_robin"] + 0.25 * 3 / 2)  # three renders at once on two cores
+
+
+def test_the_check_models_each_real_run_and_tells_the_spread_of_the_real_ones():
+    trace = make_trace(seed=8, conversations=6, rate=1.0)
+    runs = [simulate(trace, 2, "cache_aware", cost=COST.scaled(k)).records for k in (1.0, 2.0, 3.0)]  # three "real" runs
+    rows = check_runs({(2, "cache_aware"): [(r, 0.0) for r in runs], (1, "cache_aware"): (runs[0], 0.0)}, trace, COST, None, 24)
+    several, one = rows[2, "cache_aware"], rows[1, "cache_aware"]
+    assert len(several.real) == len(several.sim) == 3 and len(one.real) == 1
+    p50 = sorted(s.ttft_p50 for s in several.real)
+    assert several.spread("ttft_p50") == pytest.approx(100 * (p50[2] - p50[0]) / p50[1])
+    assert several.error("ttft_p50") == pytest.approx(100 * (several.median("ttft_p50", "sim") - p50[1]) / p50[1])
+    as_a_server = simulate(trace, 2, "cache_aware", cost=COST.scaled(SERVER_STEP), answers=Answers(24, answer_lengths(runs[1])))
+    assert several.sim[1] == as_a_server.summary  # each run modelled with its answers, the fit scaled as the slot server steps
+
+
+def test_a_scaled_cost_scales_every_term_and_says_so():
+    twice = COST.scaled(2)
+    assert twice(10, 2, 3.0) == pytest.approx(2 * COST(10, 2, 3.0)) and twice.machine["scaled"] == 2
+
+
+def test_the_background_sampler_measures_the_share_of_a_core_its_processes_got():
+    import os
+    import time
+
+    busy = Background([os.getpid()])
+    busy.start()
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < 0.3:  # a busy thread of this process
+        pass
+    busy.done.set()
+    assert 0 < busy.share <= 1 and busy.mean >= 0
 
 
 def test_prefix_aware_policies_find_more_of_the_prompt_cached_than_round_robin():

@@ -245,6 +245,7 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:
     cap.add_argument("--rate", type=float, default=20.0, help="conversations starting per second (default 20)")
     cap.add_argument("--slo", type=float, default=1.0, help="TTFT p99 target in seconds (default 1)")
     cap.add_argument("--curve", nargs="+", default=["cpu", "gpu-like"], choices=("cpu", "gpu-like"), help="step cost curves")
+    cap.add_argument("--cost-scale", type=float, default=1.0, help="every step this many times as costly (the answer's sensitivity)")
     for p in (check, cap):
         p.add_argument("--policy", nargs="+", default=None, help="router policies (default: all five; check: cache_aware)")
         p.add_argument("--cost", default=None, help="a calibration JSON (default: the one shipped, measured on a 2-core VM)")
@@ -271,7 +272,7 @@ def sim_command(args: argparse.Namespace) -> int:
         ]
         print(sim.table(rows))
     else:
-        users = sim.scaled_trace(args.users, args.rate, args.seed)
+        users, cost = sim.scaled_trace(args.users, args.rate, args.seed), cost.scaled(args.cost_scale)
         print(sim.capacity_markdown(sim.capacity_table(users, args.policy or list(sim.POLICIES), args.slo, args.curve, cost=cost)))
     return 0
 

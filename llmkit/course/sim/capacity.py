@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmkit.course.sim.cost import Cost, GpuLikeCost, StepCost
+from llmkit.course.sim.cost import SERVER_STEP, Cost, GpuLikeCost, StepCost
 from llmkit.course.sim.replica import ReplicaConfig
 from llmkit.course.sim.run import Answers, simulate
 from llmkit.course.trace import Summary, Trace, make_trace
@@ -75,8 +75,9 @@ CURVES = ("cpu", "gpu-like")
 
 
 def curve(name: str, cpu: StepCost | None = None) -> Cost:
-    """The measured CPU curve, or the GPU-like shape at its one-token speed (``GpuLikeCost.like``)."""
-    cpu = cpu or StepCost.load()
+    """The measured CPU curve (as the slot server steps: ``SERVER_STEP``), or the GPU-like shape at its one-token speed
+    (``GpuLikeCost.like``)."""
+    cpu = (cpu or StepCost.load()).scaled(SERVER_STEP)
     return cpu if name == "cpu" else GpuLikeCost.like(cpu)
 
 

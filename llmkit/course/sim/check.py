@@ -22,13 +22,14 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import statistics
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from llmkit.course.sim.cost import Cost, StepCost
+from llmkit.course.sim.cost import SERVER_STEP, Cost, StepCost
 from llmkit.course.sim.replica import Cores
 from llmkit.course.sim.run import Answers, SimResult, answer_lengths, simulate
 from llmkit.course.trace import Record, Summary, Trace, summarize
@@ -62,25 +63,52 @@ def runnable_threads(pids: Sequence[int]) -> int:
     return n
 
 
+def scheduled(pids: Sequence[int]) -> tuple[float, float]:
+    """Seconds these processes' threads have run on a core, and waited on a run queue for one, so far
+    (``/proc/PID/task/TID/schedstat``'s first two fields, in ns)."""
+    ran = waited = 0
+    for pid in pids:
+        for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+            with contextlib.suppress(OSError, ValueError):
+                on_cpu, on_queue = stat.read_text().split()[:2]
+                ran, waited = ran + int(on_cpu), waited + int(on_queue)
+    return ran / 1e9, waited / 1e9
+
+
 class Background(threading.Thread):
     """While a real fleet runs: ten times a second, the machine's runnable threads that are not the replicas'
     (``/proc/loadavg``'s running count, less the replicas' and this sampler): everything else that competes with the
     replicas' steps for the cores, the router and the replaying client included. Their mean is the model's
-    ``Cores.background`` (a load average taken before the run would miss what starts during it)."""
+    ``Cores.background`` (a load average taken before the run would miss what starts during it).
+
+    And what that competition did: the replicas' threads' time on a core against their time waiting for one, from the
+    start to ``done`` (``share``: the part of their runnable time they ran; a step's wall time is its CPU time plus
+    its wait, measured to 1 %, ``scripts/sim_bias.py``). The model can take it instead of the count (``Cores.share``)."""
 
     def __init__(self, replica_pids: Sequence[int]):
         super().__init__(daemon=True)
         self.pids, self.done = list(replica_pids), threading.Event()
         self.samples: list[int] = []
+        self.start_end = [scheduled(self.pids), (0.0, 0.0)]
 
     def run(self) -> None:
+        self.start_end[0] = scheduled(self.pids)
         while not self.done.wait(0.1):
             running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
             self.samples.append(max(0, running - 1 - runnable_threads(self.pids)))
+        self.start_end[1] = scheduled(self.pids)
 
     @property
     def mean(self) -> float:
         return sum(self.samples) / len(self.samples) if self.samples else os.getloadavg()[0]
+
+    @property
+    def share(self) -> float:
+        """Of the replicas' runnable time from the start to ``done``, the part they ran (1.0: they never waited)."""
+        self.join(5)
+        (ran0, waited0), (ran1, waited1) = self.start_end
+        ran, waited = ran1 - ran0, waited1 - waited0
+        return ran / (ran + waited) if ran > 0 else 1.0
 
 
 def real_fleet(trace: Trace, replicas: int, policy: str, max_tokens: int) -> tuple[list[Record], float]:
@@ -96,10 +124,15 @@ def real_fleet(trace: Trace, replicas: int, policy: str, max_tokens: int) -> tup
             background.done.set()
 
 
-def modelled(trace: Trace, records: Sequence[Record], replicas: int, policy: str, cost: Cost, cores: Cores, max_tokens: int) -> SimResult:
-    """The model of the fleet that produced ``records``, its answers as long as theirs."""
+def modelled(
+    trace: Trace, records: Sequence[Record], replicas: int, policy: str, cost: Cost, cores: Cores, max_tokens: int, **model: Any
+) -> SimResult:
+    """The model of the fleet that produced ``records``, its answers as long as theirs, its steps as the slot server's
+    (a ``StepCost`` fit of the bare engine scaled by ``SERVER_STEP``); ``model``: more of ``simulate``'s settings."""
     answers = Answers(max_tokens, answer_lengths(records))
-    return simulate(trace, replicas, policy, cost=cost, cores=cores.cores, background=cores.background, answers=answers)
+    served = cost.scaled(SERVER_STEP) if isinstance(cost, StepCost) else cost
+    return simulate(trace, replicas, policy, cost=served, cores=cores.cores, background=cores.background, share=cores.share,
+                    answers=answers, **model)  # fmt: skip
 
 
 def compare(
@@ -120,6 +153,65 @@ def compare(
         records, background = real_fleet(trace, n, policy, max_tokens)
         sim = modelled(trace, records, n, policy, cost, Cores(cores, background), max_tokens)
         rows.append(Comparison(n, policy, summarize(records), sim.summary, background, records, sim.records))
+    return rows
+
+
+RealRun = tuple[Sequence[Record], "float | Background"]  # a real replay's records, and the other programs' busy threads meanwhile
+
+
+@dataclass
+class Repeated:
+    """One fleet (replicas, policy) run for real several times, and the model of each run (its answers as long, its
+    background as measured): the model's error beside the real runs' own spread."""
+
+    replicas: int
+    policy: str
+    real: list[Summary]
+    sim: list[Summary]
+    backgrounds: list[float]
+    sim_records: list[list[Record]] = field(default_factory=list)
+
+    def median(self, metric: str, side: str = "real") -> float:
+        return statistics.median(getattr(s, metric) for s in getattr(self, side))
+
+    def error(self, metric: str) -> float:
+        """(the model's median - the real median) / the real median, in %."""
+        real = self.median(metric)
+        return 100 * (self.median(metric, "sim") - real) / real if real else math.nan
+
+    def spread(self, metric: str) -> float:
+        """The real runs' range (max - min) / their median, in %: how far one real run lands from another."""
+        values = [getattr(s, metric) for s in self.real]
+        return 100 * (max(values) - min(values)) / self.median(metric)
+
+
+def contention(cores: float, background: float | Background) -> Cores:
+    """The model's cores for a real run: its other programs' busy threads (a count), or a ``Background`` sampler's
+    measured share of a core (``Cores.share``: what the competition did, not how many competed)."""
+    if isinstance(background, Background):
+        return Cores(cores, background.mean, share=background.share)
+    return Cores(cores, background)
+
+
+def check_runs(
+    real_runs: Mapping[tuple[int, str], RealRun | Sequence[RealRun]], trace: Trace | Callable[[int, str], Trace], cost: Cost,
+    cores: float, max_tokens: int, **model: Any,
+) -> dict[tuple[int, str], Repeated]:  # fmt: skip
+    """Each (replicas, policy) of ``real_runs`` (one real run as a tuple, or a list of them), modelled run by run on ``trace`` (or
+    ``trace(replicas, policy)``) with ``cores`` shared, each run's background and answer lengths; ``model``: more of
+    ``simulate``'s settings (``overhead``...)."""
+    rows = {}
+    for (n, policy), given in real_runs.items():
+        runs = [given] if isinstance(given, tuple) else given  # one run: a (records, background) tuple; several: a list
+        row = Repeated(n, policy, [], [], [])
+        for records, background in cast(Sequence[RealRun], runs):
+            of = trace(n, policy) if callable(trace) else trace
+            result = modelled(of, records, n, policy, cost, contention(cores, background), max_tokens, **model)
+            row.real.append(summarize(records))
+            row.sim.append(result.summary)
+            row.backgrounds.append(background if isinstance(background, float | int) else background.mean)
+            row.sim_records.append(result.records)
+        rows[n, policy] = row
     return rows
 
 

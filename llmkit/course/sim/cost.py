@@ -32,7 +32,7 @@ import platform
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -41,6 +41,10 @@ import numpy as np
 from llmkit.course import tr
 
 CALIBRATION = Path(__file__).with_name("smollm2-135m-t1.json")  # the shipped fit
+# The slot server's engine thread spends this many times the bare engine's CPU on the same steps (its sampler, its KV
+# events, its status snapshots): 1.18, median of 9 real runs of 1-3 replicas (range 1.13-1.44, ``scripts/sim_bias.py``).
+# The model of a fleet of slot servers (``check``, ``capacity``) scales the fit by it.
+SERVER_STEP = 1.18
 TERMS = ("base", "per_prompt", "per_generated", "per_context")
 
 
@@ -84,6 +88,11 @@ class StepCost:
 
     def __call__(self, n_prompt: int, n_generated: int, context: float) -> float:
         return self.base + self.per_prompt * n_prompt + self.per_generated * n_generated + self.per_context * context
+
+    def scaled(self, factor: float) -> StepCost:
+        """Every step ``factor`` times as costly (the capacity answer's sensitivity to the fit: 0.7, 1.3)."""
+        terms = {t: getattr(self, t) * factor for t in TERMS}
+        return replace(self, **terms, machine=self.machine | {"scaled": factor})
 
     def save(self, path: str | os.PathLike[str]) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=1) + "\n")

@@ -87,15 +87,21 @@ class Cores:
 
     The calibrated costs are CPU seconds: a step's time on a core of its own. A step that starts while ``busy`` replicas
     step (itself included) beside ``background`` busy threads of other programs (a shared machine's load average) gets
-    ``cores / (busy + background)`` of a core when they outnumber the cores, so it runs that much longer.
+    ``cores / (busy + background)`` of a core when they outnumber the cores, so it runs that much longer. That fair
+    share is a bound, not what Linux gives: a thread that sleeps between steps is owed time by the scheduler, and the
+    replicas got 1.2-1.6x their fair share beside 3-7 other busy threads (``scripts/sim_bias.py``). ``share``, when a
+    real run measured it (``check.Background.share``), is what they got: every step then takes ``1 / share`` times its cost.
     """
 
     cores: float | None = None
     background: float = 0.0
     busy: int = 0
+    share: float | None = None
 
     def slowdown(self) -> float:
-        return 1.0 if self.cores is None else max(1.0, (self.busy + self.background) / self.cores)
+        if self.cores is None:
+            return 1.0
+        return 1 / self.share if self.share else max(1.0, (self.busy + self.background) / self.cores)
 
 
 @dataclass(frozen=True)
@@ -139,6 +145,7 @@ class Replica:
         self.batches: deque[tuple[Share, ...]] = deque(maxlen=10_000)  # the last steps' batches, as StepRecord.batch
         self.work = self.env.event()
         self.steps = 0
+        self.cpu_seconds = self.step_seconds_total = 0.0  # the steps' cost on a core of their own; their time as slowed
         self.env.process(self.loop())
 
     @property
@@ -168,7 +175,10 @@ class Replica:
             self.sync_held()
             plan = self.scheduler.plan(self.config.n_batch, {})
             self.cores.busy += 1
-            yield self.env.timeout(self.step_seconds(plan) * self.cores.slowdown())
+            cpu = self.step_seconds(plan)
+            seconds = cpu * self.cores.slowdown()
+            yield self.env.timeout(seconds)
+            self.cpu_seconds, self.step_seconds_total = self.cpu_seconds + cpu, self.step_seconds_total + seconds
             self.cores.busy -= 1
             Scheduler.commit(plan)
             self.batches.append(tuple(Share(c.slot.id, len(c.tokens), c.is_prompt, c.i_logits >= 0) for c in plan))

@@ -58,6 +58,7 @@ class Policy:
     loads: list[int] = field(init=False)  # requests in flight, by replica
     sent: int = field(init=False, default=0)  # requests routed so far
     name: ClassVar[str] = ""
+    renders: ClassVar[bool] = False  # asks every worker for the prompt's tokens first (vLLM's render route)
 
     def __post_init__(self) -> None:
         self.loads = [0] * self.n
@@ -164,6 +165,7 @@ class RadixTree:
 
 class CacheAware(Policy):
     name = "cache_aware"
+    renders = True
     THRESHOLD, BALANCE_ABS, BALANCE_REL = 0.3, 64, 1.5  # --cache-threshold, --balance-abs-threshold, --balance-rel-threshold
 
     def __post_init__(self) -> None:
@@ -229,6 +231,7 @@ class HeldBlocks:
 
 class KvAware(Policy):
     name = "kv_aware"
+    renders = True
     HOST_CREDIT = 0.8  # --kv-penalty-host
     held: list[HeldBlocks]
 

@@ -30,7 +30,8 @@ from llmkit.course.trace import WORDS, Conversation, Record, Summary, Trace, sum
 
 PIECES = re.compile(r"\d|[^\W\d]+|[^\w\s]|\s(?=\d)")  # a word, a digit (with the space before it), a mark
 IM_START, IM_END, NEWLINE, EOS = 1, 2, 198, 2  # ChatML's markers (SmolLM2's ids); <|im_end|> ends an answer
-LATENCY = 0.005  # seconds from the client to the replica's queue: HTTP, the router's hop (and its render calls)
+LATENCY = 0.005  # seconds from the client to the replica's queue: HTTP and the router's hop
+RENDER = 0.0033  # CPU seconds a worker spends rendering a chat for a prefix-aware router (scripts/sim_bias.py measured 3.2-3.7 ms)
 
 
 def token_id(piece: str) -> int:
@@ -79,6 +80,7 @@ class SimFleet:
     policy: Policy
     replicas: list[Replica]
     latency: float = LATENCY
+    render: float = RENDER
 
     @classmethod
     def build(cls, env: simpy.Environment, n: int, policy: str, cost: Cost, cores: Cores, config: ReplicaConfig, seed: int) -> SimFleet:
@@ -89,6 +91,8 @@ class SimFleet:
     def ask(self, routed: Routed, request: SimRequest) -> Generator[simpy.Event, Any, int]:
         """Route a request and wait for its whole answer (a simpy process's step); returns the replica's index."""
         done = self.env.event()
+        if self.policy.renders:
+            yield from self.fan_out()
         index = self.policy.route(routed)
         request.on_first = lambda r: self.policy.first_token(index, routed)
         request.on_done = lambda r: done.succeed()
@@ -97,6 +101,14 @@ class SimFleet:
         yield done
         self.policy.finished(index, routed)
         return index
+
+    def fan_out(self) -> Generator[simpy.Event, Any, None]:
+        """A prefix-aware router first asks every worker for the prompt's tokens (``/render``) and waits for the slowest:
+        one render's CPU on each replica at once, on the cores they share (on their own machines, one render's time)."""
+        cores = self.replicas[0].cores
+        cores.busy += len(self.replicas)
+        yield self.env.timeout(self.render * cores.slowdown())
+        cores.busy -= len(self.replicas)
 
 
 def converse(
@@ -135,9 +147,11 @@ def simulate(
     cost: Cost | None = None,
     cores: float | None = None,
     background: float = 0.0,
+    share: float | None = None,
     config: ReplicaConfig | None = None,
     answers: Answers | None = None,
     latency: float = LATENCY,
+    render: float = RENDER,
     seed: int = 0,
 ) -> SimResult:
     """Replay ``trace`` through a modelled fleet: ``replicas`` slot servers (``config``: ``llmkit serve slots``'s
@@ -145,8 +159,10 @@ def simulate(
     ``cores`` cores (None: each replica on its own) beside ``background`` busy threads of other programs (``Cores``).
     Deterministic for a seed."""
     env = simpy.Environment()
-    fleet = SimFleet.build(env, replicas, policy, cost or StepCost.load(), Cores(cores, background), config or ReplicaConfig(), seed)
-    fleet.latency = latency
+    fleet = SimFleet.build(
+        env, replicas, policy, cost or StepCost.load(), Cores(cores, background, share=share), config or ReplicaConfig(), seed
+    )
+    fleet.latency, fleet.render = latency, render
     records: list[Record] = []
     users = [env.process(converse(fleet, trace, c, answers or Answers(seed=seed), records)) for c in trace.conversations]
     env.run(until=env.all_of(users))
