@@ -28,7 +28,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmkit.course import fleet
-from llmkit.course.sim.check import Background
+from llmkit.course.sim.check import Background, render_cost
 from llmkit.course.trace import Record, make_trace, summarize
 
 # chapter 10's trace and answers (its first cell)
@@ -97,16 +97,11 @@ def one_token(url: str, k: int, tag: str) -> list[float]:
     return seconds
 
 
-def render_cost(f: fleet.Fleet, k: int) -> dict:
-    """``k`` render calls to an idle replica (a prompt of the trace's size): the latency and the replica's CPU seconds each."""
+def render_price(f: fleet.Fleet, k: int) -> dict:
+    """``k`` render calls to an idle replica (a prompt of the trace's size): the replica's CPU and the latency, each."""
     replica = f.replicas[-1]
-    messages = TRACE.messages(TRACE.conversations[0], [])
-    before, latencies = cpu_seconds(replica.process.pid), []
-    for _ in range(k):
-        t0 = time.perf_counter()
-        httpx.post(f"{replica.url}/v1/chat/completions/render", json={"model": "m", "messages": messages}, timeout=60).raise_for_status()
-        latencies.append(time.perf_counter() - t0)
-    return {"latency_ms": statistics.median(latencies) * 1e3, "cpu_ms": (cpu_seconds(replica.process.pid) - before) / k * 1e3}
+    cpu, latency = render_cost(replica.url, replica.process.pid, TRACE.messages(TRACE.conversations[0], []), k)
+    return {"cpu_ms": cpu * 1e3, "latency_ms": latency * 1e3}
 
 
 def router_delays(f: fleet.Fleet, k: int) -> dict:
@@ -130,7 +125,7 @@ def main() -> None:
     found: dict = {"runs": []}
     with fleet.start(3, "slots", "round_robin", flags=("--kv-events", "--metrics")) as f:
         fleet.warm_up(f)
-        found["render"] = render_cost(f, args.renders)
+        found["render"] = render_price(f, args.renders)
         found["router_ms"] = router_delays(f, 20)
         print(json.dumps({k: found[k] for k in ("render", "router_ms")}), flush=True)
         for rep in range(args.reps):

@@ -19,20 +19,25 @@ uncertainty: near saturation, 4 or 6 other busy threads move the TTFT p50 severa
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import os
 import statistics
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from llmkit.course.sim.cost import SERVER_STEP, Cost, StepCost
 from llmkit.course.sim.replica import Cores
 from llmkit.course.sim.run import Answers, SimResult, answer_lengths, simulate
 from llmkit.course.trace import Record, Summary, Trace, summarize
+
+if TYPE_CHECKING:
+    from llmkit.course.fleet import Fleet
 
 METRICS = ("ttft_p50", "ttft_p99", "tokens_per_s", "cache_hit")
 
@@ -111,17 +116,35 @@ class Background(threading.Thread):
         return ran / (ran + waited) if ran > 0 else 1.0
 
 
-def real_fleet(trace: Trace, replicas: int, policy: str, max_tokens: int) -> tuple[list[Record], float]:
-    """The trace through a real fleet; and the other programs' runnable threads meanwhile (``Background``)."""
+def real_fleet(trace: Trace, replicas: int, policy: str, max_tokens: int) -> tuple[list[Record], Background]:
+    """The trace through a real fleet; and what competed with it meanwhile (``Background``)."""
     from llmkit.course import fleet
 
     with fleet.start(replicas, "slots", policy) as running:
-        background = Background([replica.process.pid for replica in running.replicas])
-        background.start()
-        try:
-            return fleet.run_trace(running, trace, max_tokens=max_tokens), background.mean
-        finally:
-            background.done.set()
+        return asyncio.run(areal_run(running, trace, max_tokens))
+
+
+async def areal_run(running: Fleet, trace: Trace, max_tokens: int) -> tuple[list[Record], Background]:
+    """The trace through a running fleet (in a notebook's event loop), a ``Background`` sampler beside it."""
+    from llmkit.course import fleet
+
+    background = Background([replica.process.pid for replica in running.replicas])
+    background.start()
+    try:
+        return await fleet.arun_trace(running, trace, max_tokens=max_tokens), background
+    finally:
+        background.done.set()
+
+
+def render_cost(url: str, pid: int, messages: list[dict], calls: int = 50) -> tuple[float, float]:
+    """What a prefix-aware router's ``/render`` call costs a worker (``url``, its process ``pid``): CPU seconds and
+    seconds to the answer, each the mean of ``calls`` calls one after another."""
+    import httpx
+
+    ran, t0 = scheduled([pid])[0], time.perf_counter()
+    for _ in range(calls):
+        httpx.post(f"{url}/v1/chat/completions/render", json={"model": "any", "messages": messages}, timeout=60).raise_for_status()
+    return (scheduled([pid])[0] - ran) / calls, (time.perf_counter() - t0) / calls
 
 
 def modelled(
@@ -151,8 +174,8 @@ def compare(
     rows = []
     for n in replicas:
         records, background = real_fleet(trace, n, policy, max_tokens)
-        sim = modelled(trace, records, n, policy, cost, Cores(cores, background), max_tokens)
-        rows.append(Comparison(n, policy, summarize(records), sim.summary, background, records, sim.records))
+        sim = modelled(trace, records, n, policy, cost, contention(cores, background), max_tokens)
+        rows.append(Comparison(n, policy, summarize(records), sim.summary, background.mean, records, sim.records))
     return rows
 
 
@@ -171,6 +194,11 @@ class Repeated:
     backgrounds: list[float]
     sim_records: list[list[Record]] = field(default_factory=list)
 
+    @property
+    def background(self) -> float:
+        """The median of the real runs' other busy threads."""
+        return statistics.median(self.backgrounds)
+
     def median(self, metric: str, side: str = "real") -> float:
         return statistics.median(getattr(s, metric) for s in getattr(self, side))
 
@@ -185,7 +213,7 @@ class Repeated:
         return 100 * (max(values) - min(values)) / self.median(metric)
 
 
-def contention(cores: float, background: float | Background) -> Cores:
+def contention(cores: float | None, background: float | Background) -> Cores:
     """The model's cores for a real run: its other programs' busy threads (a count), or a ``Background`` sampler's
     measured share of a core (``Cores.share``: what the competition did, not how many competed)."""
     if isinstance(background, Background):
@@ -195,7 +223,7 @@ def contention(cores: float, background: float | Background) -> Cores:
 
 def check_runs(
     real_runs: Mapping[tuple[int, str], RealRun | Sequence[RealRun]], trace: Trace | Callable[[int, str], Trace], cost: Cost,
-    cores: float, max_tokens: int, **model: Any,
+    cores: float | None, max_tokens: int, **model: Any,
 ) -> dict[tuple[int, str], Repeated]:  # fmt: skip
     """Each (replicas, policy) of ``real_runs`` (one real run as a tuple, or a list of them), modelled run by run on ``trace`` (or
     ``trace(replicas, policy)``) with ``cores`` shared, each run's background and answer lengths; ``model``: more of
