@@ -161,6 +161,8 @@ def test_the_capacity_search_returns_the_fewest_replicas_that_meet_the_slo():
     assert found.replicas > 1
     assert found.tried[found.replicas].ttft_p99 < 1.5
     assert found.tried[found.replicas - 1].ttft_p99 >= 1.5 or found.replicas - 1 not in found.tried
+    later = replicas_for_slo(trace, "round_robin", slo=1.5, cost=COST, start=2)  # the same answer, without the smallest fleet
+    assert later.replicas == found.replicas and 1 not in later.tried
 
 
 @pytest.mark.slow
