@@ -34,7 +34,7 @@ def chat(url: str, messages: list[dict], **fields: Any) -> dict:
 # --- exercise 1: the key consistent_hash hashes -------------------------------------------------------------------------
 
 KEY = re.compile(r"Extracted hash key: (.*)")  # the router's own log line (consistent_hash.rs), one a request
-CASES: list[tuple[dict[str, str], dict[str, Any]]] = [  # (headers, body fields) of a chat through consistent_hash: none of them the chapter's own
+CASES: list[tuple[dict[str, str], dict[str, Any]]] = [  # (headers, body fields) of a chat: none of them the chapter's own
     ({"x-request-id": "req-41", "x-user-id": "dana"}, {}),
     ({"X-Trace-Id": "t-9"}, {}),
     ({"x-session-id": "", "x-tenant-id": "acme"}, {}),
@@ -80,8 +80,10 @@ def q1(hash_key) -> str:
 
 # --- exercise 2: the blocks a worker tells -----------------------------------------------------------------------------
 
-STEM = ("My {} bill: explain how the meter reading is estimated when nobody was at home on the day it was due, and what "
-        "I can do about it when the estimate is far too high for a small flat like mine.")
+STEM = (
+    "My {} bill: explain how the meter reading is estimated when nobody was at home on the day it was due, and what "
+    "I can do about it when the estimate is far too high for a small flat like mine."
+)
 PAIR = (  # two users of one tenant: the same system prompt; their questions differ in one word, then go on alike
     [{"role": "system", "content": "You are the help desk of Fjord Energy. Answer briefly. " * 4},
      {"role": "user", "content": STEM.format("electricity")}],
