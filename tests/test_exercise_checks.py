@@ -86,9 +86,17 @@ WRONG = {
     (9, 2): (lambda sol: [(5, True), (4, False)], []),
     (9, 3): (lambda sol: [lambda draft, sampled, is_eog: sampled[: len(draft) + 1]], []),
     (9, 4): (lambda sol: [wrong.LookupInEverything], []),
-    (10, 1): (lambda sol: [2], []),
-    (10, 2): (lambda sol: [sol[0] // 2, 3 * sol[0]], []),  # the keys alone; every head counted, not the KV heads
-    (10, 3): (lambda sol: [wrong.event_with(sol[0], source="worker"), wrong.event_with(sol[0], token_ids=[])], []),
+    (10, 1): (lambda sol: [wrong.key_from_the_user_field, wrong.key_by_the_order_given], []),
+    (10, 2): (lambda sol: [wrong.blocks_per_slot(), wrong.blocks_by_their_own_tokens()], []),  # per-slot caches; the router's keys
+    (10, 3): (
+        lambda sol: [
+            wrong.event_with(sol[0], source="worker"),
+            wrong.event_with(sol[0], token_ids=[]),
+            wrong.names_of_each_block_alone,
+            wrong.names_at_random,
+        ],
+        [],
+    ),
 }
 ALL = [ex for ch in exercises.chapters() for ex in ch]
 

@@ -120,6 +120,30 @@ def test_cache_aware_follows_the_rendered_prefix_to_a_busy_replica(slots_fleet):
     assert slots_fleet.replica_of(second) == busy, "and so did the next request, though the other replica was idle"
 
 
+def test_a_trace_dealt_to_two_routers_sends_each_its_own_conversations(slots_fleet):
+    """Conversation i goes to router i mod 2, both at once; each router counts only its own (its /metrics)."""
+    dealt = trace.make_trace(seed=2, tenants=1, conversations=3, turns=1, rate=20, system_words=20, shots=0)
+    with slots_fleet.routed("round_robin") as a, slots_fleet.routed("round_robin") as b:
+        records = fleet.run_dealt([a, b], dealt, max_tokens=2)
+        counted = [sum(v for k, v in f.router_metrics("vllm_router_requests_total").items() if "chat/completions" in k) for f in (a, b)]
+    assert sorted(r.conversation for r in records) == [0, 1, 2] and all(r.error is None and r.replica in ("0", "1") for r in records)
+    assert counted == [2, 1], counted
+
+
+def test_repeated_runs_rank_only_beyond_the_spread():
+    low, high = fleet.Repeated((1.0, 2.0, 3.0)), fleet.Repeated((3.5, 4.0, 6.0))
+    assert (high.median, high.spread, high.format(".1f")) == (4.0, 2.5, "4.0 (3.5-6.0)")
+    assert high.above(low, spread=1.5) and not high.above(low, spread=2.0)  # the medians 2 apart: beyond a spread of 1.5, not of 2
+    assert not fleet.Repeated((2.5, 9.0, 9.0)).above(low, spread=0.0)  # a run of each overlaps: no ranking, however far the medians
+    assert not low.above(high, spread=0.0)
+
+
+def test_rotated_starts_each_round_further_on():
+    arms = ["a", "b", "c"]
+    assert [fleet.rotated(arms, k) for k in range(4)] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    assert fleet.rotated([], 2) == []
+
+
 # --- a fleet that cannot start --------------------------------------------------------------------------------------
 
 

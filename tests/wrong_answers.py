@@ -4,6 +4,9 @@ drops the last event, a route that blocks the server ... Each check must fail th
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -171,3 +174,52 @@ def cells_shared_per_request(prompt_lengths, n_common, max_tokens):
     """The prefix counted once per request even when shared: what a per-slot cache holds."""
     per_request = sum(n + max_tokens - 1 for n in prompt_lengths)
     return per_request, per_request
+
+
+def key_from_the_user_field(headers, body):
+    """Chapter 10's routing key with the OpenAI ``user`` field read, as the router does for other requests, not a chat."""
+    given = {name.lower(): value for name, value in headers.items()}
+    for name in ("x-session-id", "x-user-id", "x-tenant-id", "x-correlation-id", "x-request-id", "x-trace-id"):
+        if given.get(name):
+            return f"header:{name}:{given[name]}"
+    return f"user:{body['user']}" if body.get("user") else "request:"
+
+
+def key_by_the_order_given(headers, body):
+    """The first session header in the order the request sends them, not in the router's order."""
+    for name, value in headers.items():
+        if value and name.lower().startswith("x-"):
+            return f"header:{name.lower()}:{value}"
+    return "request:"
+
+
+def pair_tokens() -> list[list[int]]:
+    from llmkit.course.exercises.ch10 import PAIR
+    from llmkit.course.exercises.lab import LAB
+
+    return [LAB.model().tokenize_chat(messages) for messages in PAIR]
+
+
+def blocks_per_slot() -> int:
+    """Every whole block of both prompts, the shared ones twice: what two per-slot caches hold."""
+    return sum(len(t) // 16 for t in pair_tokens())
+
+
+def blocks_by_their_own_tokens() -> int:
+    """Blocks told apart by their own tokens alone (the router's keys), not by the chain of names."""
+    a, b = pair_tokens()
+    return len({tuple(t[k : k + 16]) for t in (a, b) for k in range(0, len(t) // 16 * 16, 16)})
+
+
+def names_of_each_block_alone(tokens, block_size):
+    """Chapter 10's event with each block named by its own tokens: no chain."""
+    whole = len(tokens) // block_size * block_size
+    names = [hashlib.sha256(struct.pack(f"<{block_size}I", *tokens[k : k + block_size])).digest() for k in range(0, whole, block_size)]
+    return {"type": "BlockStored", "block_hashes": names, "parent_block_hash": None, "token_ids": list(tokens[:whole]),
+            "block_size": block_size, "lora_id": None, "medium": None, "lora_name": None}  # fmt: skip
+
+
+def names_at_random(tokens, block_size):
+    """Unique names, but new ones each time: a worker could never tell the same block again."""
+    event = names_of_each_block_alone(tokens, block_size)
+    return {**event, "block_hashes": [os.urandom(32) for _ in event["block_hashes"]]}

@@ -31,6 +31,7 @@ import dataclasses
 import importlib.util
 import json
 import signal
+import statistics
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -40,6 +41,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from llmkit import models
 from llmkit.course import launch
@@ -108,6 +110,14 @@ class Fleet:
             if time.monotonic() > deadline:
                 raise FleetError(f"the router did not take replica {index} ({url}) back within {timeout:.0f} s")
             time.sleep(0.2)
+
+    def router_metrics(self, prefix: str | tuple[str, ...] = "vllm_router_") -> dict[str, float]:
+        """The router's own Prometheus metrics whose names start with ``prefix`` (read with prometheus_client's parser):
+        ``'name{label="value",...}'`` -> value."""
+        port = self.router.argv[self.router.argv.index("--prometheus-port") + 1]
+        text = httpx.get(f"http://{launch.HOST}:{port}/metrics", timeout=10).text
+        samples = (s for family in text_string_to_metric_families(text) for s in family.samples if s.name.startswith(prefix))
+        return {s.name + "{" + ",".join(f'{k}="{v}"' for k, v in s.labels.items()) + "}": s.value for s in samples}
 
     def router_says_healthy(self, url: str) -> bool:
         """Whether the router's ``/workers/{url}`` reports that worker healthy."""
@@ -252,14 +262,60 @@ def run_trace(fleet: Fleet, trace: Trace, **params: Any) -> list[Record]:
     return asyncio.run(arun_trace(fleet, trace, **params))
 
 
+def run_dealt(routers: Sequence[Fleet], trace: Trace, **params: Any) -> list[Record]:
+    """``arun_dealt`` outside an event loop."""
+    return asyncio.run(arun_dealt(routers, trace, **params))
+
+
 async def arun_trace(fleet: Fleet, trace: Trace, **params: Any) -> list[Record]:
     """``run_trace`` in a running event loop (a notebook's: ``records = await fleet.arun_trace(f, trace)``)."""
-    await asyncio.to_thread(warm_up, fleet)
-    records = await areplay(trace, fleet.url, **params)
+    return await arun_dealt([fleet], trace, **params)
+
+
+async def arun_dealt(routers: Sequence[Fleet], trace: Trace, **params: Any) -> list[Record]:
+    """The trace's conversations dealt to ``routers`` in turn (conversation i to router i mod n), replayed at once: two
+    router instances in front of one fleet, as a front end runs them for redundancy, each knowing only the requests it
+    routed. The routers must front the same replicas; records as ``arun_trace``'s, ordered by when they were sent."""
+    await asyncio.to_thread(warm_up, routers[0])
+    n = len(routers)
+    parts = [dataclasses.replace(trace, conversations=trace.conversations[k::n]) for k in range(n)]
+    replays = await asyncio.gather(*(areplay(part, f.url, **params) for f, part in zip(routers, parts, strict=True)))
+    records = sorted((r for replayed in replays for r in replayed), key=lambda r: r.sent)
     for record in records:
-        index = fleet.replica_of(record.replica) if record.replica is not None else None
+        index = routers[0].replica_of(record.replica) if record.replica is not None else None
         record.replica = None if index is None else str(index)
     return records
+
+
+def rotated(arms: Sequence[Any], round_: int) -> list[Any]:
+    """``arms`` in the order of round ``round_``: started one further on each round, so that no arm always runs first (on
+    a cold machine) or right after the same neighbour."""
+    k = round_ % len(arms) if arms else 0
+    return [*arms[k:], *arms[:k]]
+
+
+@dataclass(frozen=True)
+class Repeated:
+    """One metric over repeated runs: the median and the range (min-max), printed as ``median (min-max)``."""
+
+    values: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    @property
+    def spread(self) -> float:
+        """The range: max - min."""
+        return max(self.values) - min(self.values)
+
+    def above(self, other: Repeated, spread: float) -> bool:
+        """Whether every run of this lies above every run of ``other`` and the medians differ by more than ``spread``
+        (an A/A pair's: what the same policy twice moves on this machine)."""
+        return min(self.values) > max(other.values) and self.median - other.median > spread
+
+    def format(self, spec: str = ".1f") -> str:
+        return f"{self.median:{spec}} ({min(self.values):{spec}}-{max(self.values):{spec}})"
 
 
 def compare(

@@ -1,9 +1,8 @@
-"""Chapter 10 (beyond one machine): where consistent_hash sends chats without a session header, the bytes a
-hand-off moves, a KV event the real router accepts."""
+"""Chapter 10 (beyond one machine): the key consistent_hash hashes for a chat, the blocks a worker tells for two
+prompts of one tenant, KV events the real router accepts (names, a chain, a removal)."""
 
 from __future__ import annotations
 
-import random
 import re
 import time
 from contextlib import contextmanager
@@ -13,7 +12,7 @@ import httpx
 
 from llmkit.course import tr
 from llmkit.course.exercises import expect
-from llmkit.course.exercises.core import ENGINE, LIVE, SERVER, Chapter, Wrong, call
+from llmkit.course.exercises.core import LIVE, SERVER, Chapter, Wrong, call
 from llmkit.course.exercises.lab import LAB
 
 CHAPTER = Chapter(10)
@@ -32,53 +31,95 @@ def chat(url: str, messages: list[dict], **fields: Any) -> dict:
     return answer.json()
 
 
-# --- exercise 1: consistent_hash without a session header -------------------------------------------------------------
+# --- exercise 1: the key consistent_hash hashes -------------------------------------------------------------------------
+
+KEY = re.compile(r"Extracted hash key: (.*)")  # the router's own log line (consistent_hash.rs), one a request
+CASES: list[tuple[dict[str, str], dict[str, Any]]] = [  # (headers, body fields) of a chat: none of them the chapter's own
+    ({"x-request-id": "req-41", "x-user-id": "dana"}, {}),
+    ({"X-Trace-Id": "t-9"}, {}),
+    ({"x-session-id": "", "x-tenant-id": "acme"}, {}),
+    ({}, {"user": "erin"}),
+    ({}, {"session_params": {"session_id": "chat-77"}}),
+    ({}, {}),
+]  # fmt: skip
 
 
-def replicas_without_a_header() -> int:
-    """Six users' chats, without a session header, through vllm-router's consistent_hash in front of two slot servers:
-    how many of the two served them."""
+def chat_body(fields: dict) -> dict:
+    return {"model": "any", "messages": [{"role": "user", "content": "Which plan suits me?"}], "max_tokens": 1, **fields}
+
+
+def routing_keys() -> list[str]:
+    """Each of ``CASES`` through vllm-router's consistent_hash in front of a slot server: the key its log says it hashed."""
     from llmkit.course import fleet
 
-    urls = [worker(i).url for i in range(2)]
-    router = fleet.start_router("consistent_hash", urls, (), None, 60)
+    router = fleet.start_router("consistent_hash", [worker().url], (), None, 60)
     try:
-        users = [f"I am user {k}. Which of your plans suits a family of {k + 2}?" for k in range(6)]
-        return len({chat(router.url, [{"role": "user", "content": text}])["model"] for text in users})
+        keys = []
+        for headers, fields in CASES:
+            before = len(KEY.findall(COLOURS.sub("", router.log())))
+            # routed, whatever the worker answers (it may refuse a body field the router reads)
+            httpx.post(f"{router.url}/v1/chat/completions", json=chat_body(fields), headers=headers, timeout=120)
+            found = KEY.findall(COLOURS.sub("", router.log()))
+            keys.append(found[-1].strip() if len(found) > before else "")
+        return keys
     finally:
         router.stop()
 
 
-@CHAPTER.exercise(1, answers=("replicas_used",), compares=(LIVE,), writes="a prediction (a number of replicas)")
-def q1(replicas_used) -> str:
-    expect.whole_number("replicas_used", replicas_used)
-    measured = LAB.memo("ch10-no-header", replicas_without_a_header)
-    expect.same("replicas_used", replicas_used, measured)
-    return tr("six users' chats without a session header, through consistent_hash just now: {n} of the 2 replicas served them",
-              n=measured)  # fmt: skip
+@CHAPTER.exercise(1, answers=("hash_key",), compares=(SERVER,), writes="hash_key(headers, body): a routing key (a function)")
+def q1(hash_key) -> str:
+    fn = expect.function("hash_key", hash_key, 2)
+    measured = LAB.memo("ch10-hash-keys", routing_keys)
+    for (headers, fields), key in zip(CASES, measured, strict=True):
+        case = tr("a chat with the headers {headers} and the body fields {fields}", headers=headers, fields=fields)
+        got = call(fn, dict(headers), chat_body(fields), case=case)
+        if got != key:
+            raise Wrong(tr("{case}: your key is {got}; the router hashed another one", case=case, got=expect.shown(got)))
+    return tr("the real router hashed the key your function gives for each of the {n} chats", n=len(CASES))
 
 
-# --- exercise 2: the bytes a hand-off moves ----------------------------------------------------------------------------
+# --- exercise 2: the blocks a worker tells -----------------------------------------------------------------------------
+
+STEM = (
+    "My {} bill: explain how the meter reading is estimated when nobody was at home on the day it was due, and what "
+    "I can do about it when the estimate is far too high for a small flat like mine."
+)
+PAIR = (  # two users of one tenant: the same system prompt; their questions differ in one word, then go on alike
+    [{"role": "system", "content": "You are the help desk of Fjord Energy. Answer briefly. " * 4},
+     {"role": "user", "content": STEM.format("electricity")}],
+    [{"role": "system", "content": "You are the help desk of Fjord Energy. Answer briefly. " * 4},
+     {"role": "user", "content": STEM.format("gas")}],
+)  # fmt: skip
 
 
-def handoff_bytes(n_tokens: int = 1000) -> int:
-    """The KV cells a prefill worker hands over for a prompt of ``n_tokens`` (random tokens, read in an engine here)."""
-    from llmkit.engine import Engine, EngineConfig, RequestParams
+def blocks_told(pair: tuple[list[dict], ...] = PAIR) -> int:
+    """The distinct blocks a slot server (``--kv-events --kv-share``, 2 slots) tells its slots hold (the device tier) while it
+    reads ``pair``'s chats one after the other: every ``BlockStored`` name, counted once."""
+    import msgpack
+    import zmq
 
-    prompt = [random.Random(10).randrange(1000, 30000) for _ in range(n_tokens)]
-    with Engine(LAB.model(), EngineConfig(n_parallel=1, n_ctx=2048, n_threads=1)) as engine:
-        request = engine.submit(prompt, RequestParams.of(max_tokens=1, temperature=0, hand_off=True))
-        request.result()
-        assert request.outcome is not None and request.outcome.kv is not None
-        return len(request.outcome.kv.cells)
+    server = LAB.server("slots", *WORKER[:2], "-np", "2", "-kvu", "-c", "2048", "--kv-events", "--kv-share")
+    (source,) = httpx.get(f"{server.url}/kv_event_sources", timeout=30).json().values()
+    names: set[bytes] = set()
+    with zmq.Context() as context, context.socket(zmq.SUB) as sub:
+        sub.setsockopt(zmq.SUBSCRIBE, source["topic"].encode())
+        sub.connect(source["endpoint"])
+        time.sleep(0.5)  # a new subscription takes a moment to reach the publisher
+        for messages in pair:
+            chat(server.url, messages)
+        while sub.poll(1000):
+            for event in msgpack.unpackb(sub.recv_multipart()[2])[1]:
+                if event["type"] == "BlockStored" and event["medium"] is None:
+                    names.update(event["block_hashes"])
+    return len(names)
 
 
-@CHAPTER.exercise(2, answers=("bytes_for_1000",), compares=(LIVE, ENGINE), writes="a prediction (a number of bytes)")
-def q2(bytes_for_1000) -> str:
-    predicted = expect.number("bytes_for_1000", bytes_for_1000)
-    measured = LAB.memo("ch10-handoff", handoff_bytes)
-    expect.within("bytes_for_1000", predicted, measured, 0.02, tr("llama.cpp writes a small header before the cells"))
-    return tr("an engine here handed over {n:,} bytes for a prompt of 1,000 tokens", n=measured)
+@CHAPTER.exercise(2, answers=("blocks",), compares=(LIVE, SERVER), writes="a prediction (a number of blocks)")
+def q2(blocks) -> str:
+    expect.whole_number("blocks", blocks)
+    measured = LAB.memo("ch10-blocks-told", blocks_told)
+    expect.same("blocks", blocks, measured)
+    return tr("a slot server here told {n} distinct blocks for the two chats", n=measured)
 
 
 # --- exercise 3: a KV event the router accepts -------------------------------------------------------------------------
@@ -137,13 +178,58 @@ def credited(router: Any, messages: list[dict]) -> tuple[int, str | None]:
     return (int(decisions[-1]) if len(decisions) > before else 0), (refused[-1] if refused else None)
 
 
+def render(url: str, messages: list[dict]) -> list[int]:
+    return httpx.post(f"{url}/v1/chat/completions/render", json={"messages": messages}, timeout=60).json()["token_ids"]
+
+
+def chained(fn: Any, tokens: list[int]) -> tuple[dict, dict]:
+    """The learner's events for ``tokens`` cut after 2 blocks (and a few tokens) and whole: a longer prompt's first blocks
+    must keep their names, and a block must be named after everything before it, not its own tokens alone."""
+    short = call(fn, list(tokens[: 2 * BLOCK + 3]), BLOCK, case=tr("the first 2 blocks of a prompt"))
+    whole = call(fn, list(tokens), BLOCK, case=tr("the same prompt, whole"))
+    for event in (short, whole):
+        if not isinstance(event, dict) or not isinstance(event.get("block_hashes"), list):
+            raise Wrong(tr("stored() should return one event, a dict with its block_hashes; got {got}", got=expect.shown(event)))
+    names = whole["block_hashes"]
+    if names[:2] != short["block_hashes"] or len(set(map(bytes, names))) != len(names):
+        raise Wrong(tr("a block's name should stand for the whole prefix up to its end: the same for the same prefix, "
+                       "another for another (yours repeat, or change when the prompt goes on)"))  # fmt: skip
+    swapped = [*tokens[BLOCK : 2 * BLOCK], *tokens[:BLOCK], *tokens[2 * BLOCK :]]  # the first two blocks swapped, the rest alike
+    if call(fn, swapped, BLOCK, case=tr("the prompt with its first two blocks swapped"))["block_hashes"][2:] == names[2:]:
+        raise Wrong(tr("a block after another prefix kept its name: a name should depend on every block before it (a chain), "
+                       "or a worker's later block could be taken for another prompt's"))  # fmt: skip
+    return short, whole
+
+
+def extend_and_remove(fn: Any, url: str, publish: Any, router: Any) -> None:
+    """Publish the first 2 blocks of a prompt, then the rest as an extension (its parent: the last of those), then remove
+    the extension: the router must credit the whole prompt, then only the first 2 blocks."""
+    messages = [{"role": "user", "content": "A long letter about the meter: " + "it reads high every winter, " * 12}]
+    tokens = render(url, messages)
+    short, whole = chained(fn, tokens)
+    rest = {**whole, "block_hashes": whole["block_hashes"][2:], "token_ids": whole["token_ids"][2 * BLOCK :],
+            "parent_block_hash": short["block_hashes"][-1]}  # fmt: skip
+    publish([short])
+    publish([rest])
+    got, refused = credited(router, messages)
+    if got != (len(tokens) - 1) // BLOCK * BLOCK:
+        why = f" ({refused})" if refused else ""
+        raise Wrong(tr("the router did not take your blocks as one chain (the rest after the first two, named as their parent): "
+                       "it credited {got} of {n} prompt tokens{why}", got=got, n=len(tokens), why=why))  # fmt: skip
+    publish([{"type": "BlockRemoved", "block_hashes": rest["block_hashes"], "medium": None}])
+    got, _ = credited(router, messages)
+    if got != 2 * BLOCK:
+        raise Wrong(tr("after a BlockRemoved of the rest, by your names, the router credited {got} tokens; it should have kept only "
+                       "the first 2 blocks ({n})", got=got, n=2 * BLOCK))  # fmt: skip
+
+
 @CHAPTER.exercise(3, answers=("stored",), compares=(SERVER,), writes="stored(tokens, block_size): a KV event (a function)")
 def q3(stored) -> str:
     fn = expect.function("stored", stored, 2)
     server = worker()
     with router_fed_by_you(server.url) as (publish, router):
         for case, messages in PROMPTS:
-            tokens = httpx.post(f"{server.url}/v1/chat/completions/render", json={"messages": messages}, timeout=60).json()["token_ids"]
+            tokens = render(server.url, messages)
             event = call(fn, list(tokens), BLOCK, case=case)
             if not isinstance(event, dict):
                 raise Wrong(tr("{case}: stored() should return one event, a dict; got {got}", case=case, got=expect.shown(event)))
@@ -158,4 +244,5 @@ def q3(stored) -> str:
             if got != expected:
                 raise Wrong(tr("{case}: the router credited {got} of the {n} prompt tokens to the worker's cache; your event "
                                "should have given it {expected}", case=case, got=got, n=len(tokens), expected=expected))  # fmt: skip
-    return tr("the real router read your events and credited the worker with every whole block of both prompts")
+        extend_and_remove(fn, server.url, publish, router)
+    return tr("the real router read your events, chained a prompt's blocks by your names and removed them by name")

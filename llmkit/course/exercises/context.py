@@ -49,10 +49,10 @@ COMMON: dict[str, Callable[[], Any]] = {
 
 def chapter_names(chapter: int) -> dict[str, Callable[[], Any]]:
     """Chapter ``chapter``'s earlier names: name -> what gives it (called only for the names an answer uses)."""
-    from llmkit.course.exercises import ch04, ch05, ch06, ch08, ch09  # the chapters' own data (in the grader: never in a cage)
+    from llmkit.course.exercises import ch04, ch05, ch06, ch08, ch09, ch10  # the chapters' own data (in the grader: never in a cage)
 
     if chapter == 10:
-        return {"model": lambda: MODEL}
+        return {"model": lambda: MODEL, "PAIR": lambda: ch10.PAIR}
     if chapter == 5:
         engine = {"Slot": "slot", "common_prefix": "slot", "RequestParams": "request", "MIB": "prompt_cache", "choose_slot": "policy"}
         return {
